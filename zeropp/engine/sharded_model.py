@@ -1,0 +1,233 @@
+"""ShardedModel: ZeRO-3 over any ``nn.Module``.
+
+Lifecycle of a unit in one training step (see DESIGN.md section 2)::
+
+    forward pre-hook   gather (or wait for the prefetch), install views, prefetch the next
+    forward post-hook  free, and hook the outputs so backward can gather again
+    output grad hook   gather before the unit's backward, prefetch the next in backward order
+    grad-ready hook    the gathered buffer's gradient is complete: start the reduce-scatter
+    end of backward    wait for the reductions, add them into the master shards' grads
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..accounting import CommLog
+from ..collectives import Communicator
+from ..config import ZeroConfig
+from ..sharding import FlatParam, ShardState, plan_units
+from ..sharding.flat_param import flatten_params, shard_numel_for
+from ..topology import Topology
+from .schedule import ExecutionOrder
+from .unit import Unit
+
+
+class ShardedModel(nn.Module):
+    """Wraps ``module`` so that each rank holds 1/W of its parameters at rest.
+
+    ``unit_classes`` names the module classes that become units of their own (for example
+    the transformer block class); everything else belongs to the root unit.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        topology: Topology,
+        config: ZeroConfig | None = None,
+        unit_classes: tuple[type, ...] = (),
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.topology = topology
+        self.config = config or ZeroConfig()
+        self.comm_log = CommLog(topology.layout, topology.rank)
+        self._comm = Communicator(self.comm_log)
+        self._world = topology.group("world")
+        self.units = self._build_units(tuple(unit_classes))
+        self._forward_order = ExecutionOrder()
+        self._backward_order = ExecutionOrder()
+        self._in_backward = False
+        self._pending_reductions: list = []
+        if self.config.sync_module_states:
+            self._broadcast_buffers()
+        self._register_hooks()
+
+    # ----------------------------------------------------------------- construction
+    def _build_units(self, unit_classes: tuple[type, ...]) -> list[Unit]:
+        units = []
+        for index, spec in enumerate(plan_units(self.module, unit_classes)):
+            flats = []
+            for requires_grad in (True, False):
+                params = [p for p in spec.params if p.param.requires_grad == requires_grad]
+                if params:
+                    flats.append(self._build_flat(f"{spec.name}:{requires_grad}", params))
+            for flat in flats:
+                for slot in flat.slots:
+                    for use in slot.uses:
+                        # Views of the gathered buffer replace it at every forward.
+                        del use.module._parameters[use.attr]
+            units.append(Unit(index, spec.name, spec.module, flats, is_root=index == 0))
+        return units
+
+    def _build_flat(self, name, params) -> FlatParam:
+        world_size = self.topology.world_size
+        total = sum(info.param.numel() for info in params)
+        shard_numel = shard_numel_for(total, world_size, self.config.shard_alignment)
+        full = flatten_params(params, shard_numel * world_size)
+        if self.config.sync_module_states:
+            self._comm.broadcast(full, self._world, source_rank=0, phase="init")
+        return FlatParam(name, params, full, self.topology.rank, world_size, self.config.compute_torch_dtype)
+
+    def _broadcast_buffers(self) -> None:
+        for buffer in self.module.buffers():
+            self._comm.broadcast(buffer.data, self._world, source_rank=0, phase="init")
+
+    def _register_hooks(self) -> None:
+        for unit in self.units:
+            unit.module.register_forward_pre_hook(functools.partial(self._pre_forward, unit))
+            unit.module.register_forward_hook(functools.partial(self._post_forward, unit))
+            if self.config.activation_checkpointing and not unit.is_root:
+                unit.module.forward = functools.partial(_checkpointed, unit.module.forward)
+            for flat in unit.flats:
+                if flat.requires_grad:
+                    flat.full.register_post_accumulate_grad_hook(
+                        functools.partial(self._on_grad_ready, flat)
+                    )
+
+    # ----------------------------------------------------------------- public
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def master_parameters(self) -> list[nn.Parameter]:
+        """The fp32 shards the optimizer steps on (trainable parameters only)."""
+        return [flat.master for unit in self.units for flat in unit.flats if flat.requires_grad]
+
+    def flat_params(self) -> list[FlatParam]:
+        return [flat for unit in self.units for flat in unit.flats]
+
+    def on_weights_changed(self) -> None:
+        """Call after the master shards changed: drop stale gathered copies, refresh the
+        compute-dtype shards."""
+        for unit in self.units:
+            self._free(unit)
+        for flat in self.flat_params():
+            flat.refresh_compute_shard()
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter, unsharded, in fp32, on every rank (gathers the master shards)."""
+        state = {}
+        for flat in self.flat_params():
+            gathered = torch.empty(flat.padded_numel, dtype=torch.float32, device=flat.master.device)
+            self._comm.all_gather(gathered, flat.master.detach(), self._world, "state_dict", False)
+            state.update({k: v.clone() for k, v in flat.full_values(gathered).items()})
+        return state
+
+    # ----------------------------------------------------------------- gathering
+    def _phase(self) -> str:
+        return "backward_gather" if self._in_backward else "forward_gather"
+
+    def _start_gather(self, unit: Unit) -> None:
+        for flat in unit.flats:
+            if flat.state is ShardState.SHARDED:
+                flat.allocate_full()
+                flat.pending_gather = self._comm.all_gather(
+                    flat.full_data, flat.compute_shard(), self._world, self._phase(), async_op=True
+                )
+                flat.state = ShardState.GATHERING
+
+    def _ensure_gathered(self, unit: Unit) -> None:
+        self._start_gather(unit)
+        for flat in unit.flats:
+            if flat.state is ShardState.GATHERING:
+                if flat.pending_gather is not None:
+                    flat.pending_gather.wait()
+                flat.pending_gather = None
+                flat.state = ShardState.GATHERED
+
+    def _free(self, unit: Unit) -> None:
+        for flat in unit.flats:
+            if flat.state is ShardState.GATHERING and flat.pending_gather is not None:
+                flat.pending_gather.wait()
+            if flat.state is not ShardState.SHARDED:
+                flat.free_full()
+
+    def _prefetch(self, order: ExecutionOrder, unit: Unit) -> None:
+        if not self.config.prefetch:
+            return
+        following = order.next_after(unit.index)
+        if following is not None:
+            self._start_gather(self.units[following])
+
+    # ----------------------------------------------------------------- hooks
+    def _pre_forward(self, unit: Unit, module, args):
+        if not self._in_backward:
+            self._forward_order.observe(unit.index)
+        self._ensure_gathered(unit)
+        if not self._in_backward:
+            self._prefetch(self._forward_order, unit)
+        unit.install_views()
+        return None
+
+    def _post_forward(self, unit: Unit, module, args, output):
+        if torch.is_grad_enabled():
+            for tensor in _tensors_requiring_grad(output):
+                tensor.register_hook(functools.partial(self._pre_backward, unit))
+        if unit.is_root and not self._in_backward:
+            self._forward_order.freeze()
+        if self._in_backward:
+            return None
+        keep_root = unit.is_root and torch.is_grad_enabled() and not self.config.reshard_root_after_forward
+        if not keep_root:
+            self._free(unit)
+        return None
+
+    def _pre_backward(self, unit: Unit, grad: torch.Tensor):
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        self._backward_order.observe(unit.index)
+        self._ensure_gathered(unit)
+        self._prefetch(self._backward_order, unit)
+        return None
+
+    def _on_grad_ready(self, flat: FlatParam, full: torch.Tensor) -> None:
+        grad = full.grad  # [padded_numel], compute dtype
+        full.grad = None
+        to_send = grad.to(self.config.reduce_torch_dtype)
+        pending = self._comm.reduce_scatter_mean(to_send, self._world, "reduce_scatter", async_op=True)
+        self._pending_reductions.append((flat, pending))
+        flat.free_full()
+
+    def _finish_backward(self) -> None:
+        for flat, pending in self._pending_reductions:
+            flat.accumulate_grad(pending.wait())
+        self._pending_reductions.clear()
+        for unit in self.units:
+            self._free(unit)
+        self._backward_order.freeze()
+        self._in_backward = False
+
+
+def _checkpointed(forward, *args, **kwargs):
+    if torch.is_grad_enabled():
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return forward(*args, **kwargs)
+
+
+def _tensors_requiring_grad(output) -> list[torch.Tensor]:
+    """Tensors in a (possibly nested) output structure that take part in backward."""
+    if isinstance(output, torch.Tensor):
+        return [output] if output.requires_grad else []
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        return [t for item in output for t in _tensors_requiring_grad(item)]
+    if hasattr(output, "__dataclass_fields__"):
+        return _tensors_requiring_grad([getattr(output, name) for name in output.__dataclass_fields__])
+    return []

@@ -1,0 +1,75 @@
+"""Starting W local CPU ranks (or joining a torchrun world) and collecting their results.
+
+``spawn_ranks`` is what ``zeropp demo`` and the multi-process tests use: it starts fresh
+processes, initialises gloo on a free loopback port, runs ``fn(rank, world_size, *args)``
+in each and returns every rank's return value. A rank that raises, dies or outlives
+``timeout_s`` makes the whole call fail with an error naming the rank, never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 600.0, threads_per_rank: int = 1):
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` new gloo ranks; return results."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="zeropp-ranks-") as folder:
+        context = mp.start_processes(
+            _rank_main,
+            args=(fn, world_size, args, port, folder, threads_per_rank),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not context.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ranks did not finish within {timeout_s:.0f}s")
+        except mp.ProcessRaisedException as error:
+            raise RuntimeError(f"a rank failed:\n{error}") from None
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+        return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank) -> None:
+    torch.set_num_threads(threads_per_rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, Path(folder) / f"rank{rank}.pt")
+    except Exception:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def init_from_torchrun() -> tuple[int, int]:
+    """Join the world torchrun describes in the environment (gloo on CPU, NCCL on CUDA)."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()

@@ -1,0 +1,40 @@
+"""Measuring the bytes a rank holds at rest (between steps), by walking real storages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (shared storages counted once)."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+    return sum(seen.values())
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
+
+
+def resting_bytes_replicated(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Parameters, their gradients and the optimizer state of an unsharded model."""
+    tensors = list(model.parameters())
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    return storage_bytes(tensors + optimizer_state_tensors(optimizer))
+
+
+def resting_bytes_sharded(model, optimizer) -> int:
+    """The same for a :class:`zeropp.ShardedModel` and its :class:`zeropp.ShardedOptimizer`,
+    including compute-dtype shard copies and any gathered buffer still allocated."""
+    tensors = []
+    for flat in model.flat_params():
+        tensors.append(flat.master)
+        if flat.master.grad is not None:
+            tensors.append(flat.master.grad)
+        tensors.append(flat.compute_shard())
+        tensors.append(flat.full)
+    return storage_bytes(tensors + optimizer_state_tensors(optimizer.optimizer))

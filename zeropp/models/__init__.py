@@ -1,0 +1,3 @@
+from .gpt import GPT, Block, GPTConfig
+
+__all__ = ["GPT", "Block", "GPTConfig"]

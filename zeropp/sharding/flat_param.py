@@ -1,0 +1,153 @@
+"""One unit's parameters as a flat, padded buffer sharded over the world.
+
+Layout of the full buffer, ``padded_numel = world_size * shard_numel`` elements::
+
+    [ p0.flatten() | p1.flatten() | ... | zero padding ]
+      rank 0's shard = [0, shard_numel), rank 1's = [shard_numel, 2 * shard_numel), ...
+
+Each rank keeps its shard as an fp32 master ``nn.Parameter`` (what the optimizer steps) and,
+when the compute dtype is narrower, a compute-dtype copy that is what the all-gather sends.
+``full`` is the gathered buffer in the compute dtype; the module's parameters are views of
+it while the unit is gathered. Its storage is resized to zero when the unit is freed, so the
+views saved by autograd come back to life when the storage is refilled for backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum, auto
+
+import torch
+from torch import nn
+
+from .units import ParamInfo, ParamUse
+
+
+class ShardState(Enum):
+    SHARDED = auto()  # only the shard exists; full has no storage
+    GATHERING = auto()  # an all-gather into full is in flight
+    GATHERED = auto()  # full holds every rank's values
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one original parameter lives inside the flat buffer."""
+
+    names: tuple[str, ...]
+    uses: tuple[ParamUse, ...]
+    shape: torch.Size
+    offset: int
+    numel: int
+
+
+def shard_numel_for(total_numel: int, world_size: int, alignment: int) -> int:
+    """Smallest multiple of ``alignment`` such that ``world_size`` shards cover the values."""
+    per_rank = math.ceil(total_numel / world_size)
+    return max(alignment, math.ceil(per_rank / alignment) * alignment)
+
+
+def flatten_params(params: list[ParamInfo], padded_numel: int) -> torch.Tensor:
+    """The fp32 full buffer of ``params`` with zero padding, shape [padded_numel]."""
+    first = params[0].param
+    flat = torch.zeros(padded_numel, dtype=torch.float32, device=first.device)
+    offset = 0
+    for info in params:
+        numel = info.param.numel()
+        flat[offset : offset + numel].copy_(info.param.detach().reshape(-1))
+        offset += numel
+    return flat
+
+
+class FlatParam:
+    """Shard state and buffers of the parameters of one unit that share ``requires_grad``."""
+
+    def __init__(
+        self,
+        name: str,
+        params: list[ParamInfo],
+        full_fp32: torch.Tensor,
+        rank: int,
+        world_size: int,
+        compute_dtype: torch.dtype,
+    ) -> None:
+        assert full_fp32.numel() % world_size == 0
+        self.name = name
+        self.requires_grad = params[0].param.requires_grad
+        self.compute_dtype = compute_dtype
+        self.shard_numel = full_fp32.numel() // world_size
+        self.padded_numel = full_fp32.numel()
+        self.slots = _make_slots(params)
+        self.numel = sum(slot.numel for slot in self.slots)
+
+        start = rank * self.shard_numel
+        shard = full_fp32[start : start + self.shard_numel].clone()
+        self.master = nn.Parameter(shard, requires_grad=self.requires_grad)  # [shard_numel] fp32
+        self._compute_shard = None if compute_dtype == torch.float32 else shard.to(compute_dtype)
+
+        self.full = torch.empty(self.padded_numel, dtype=compute_dtype, device=shard.device)
+        self.full.untyped_storage().resize_(0)
+        if self.requires_grad:
+            self.full.requires_grad_(True)
+        # Writes through this alias do not bump autograd's version counter of ``full``, so
+        # refilling the storage before backward does not invalidate saved views.
+        self.full_data = self.full.data
+        self.state = ShardState.SHARDED
+        self.pending_gather = None
+
+    def compute_shard(self) -> torch.Tensor:
+        """What this rank contributes to the all-gather, [shard_numel] compute dtype."""
+        if self._compute_shard is None:
+            return self.master.detach()
+        return self._compute_shard
+
+    def refresh_compute_shard(self) -> None:
+        if self._compute_shard is not None:
+            self._compute_shard.copy_(self.master.detach())
+
+    def allocate_full(self) -> None:
+        nbytes = self.padded_numel * self.full.element_size()
+        if self.full.untyped_storage().nbytes() != nbytes:
+            self.full.untyped_storage().resize_(nbytes)
+
+    def free_full(self) -> None:
+        self.full.untyped_storage().resize_(0)
+        self.state = ShardState.SHARDED
+        self.pending_gather = None
+
+    def install_views(self) -> None:
+        """Point every use of every parameter at its view of ``full``."""
+        source = self.full if torch.is_grad_enabled() else self.full.detach()
+        sizes = [slot.numel for slot in self.slots] + [self.padded_numel - self.numel]
+        # One split node instead of a slice per parameter: its backward writes all
+        # parameter gradients into one full-size buffer with a single concatenation.
+        pieces = torch.split(source, sizes)
+        for slot, piece in zip(self.slots, pieces):
+            view = piece.view(slot.shape)
+            for use in slot.uses:
+                setattr(use.module, use.attr, view)
+
+    def accumulate_grad(self, shard_grad: torch.Tensor) -> None:
+        """Add a reduced gradient shard ([shard_numel] fp32) into the master's grad."""
+        if self.master.grad is None:
+            self.master.grad = shard_grad
+        else:
+            self.master.grad.add_(shard_grad)
+
+    def full_values(self, gathered_fp32: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Split a gathered fp32 buffer into ``{name: tensor}`` for every parameter name."""
+        result = {}
+        for slot in self.slots:
+            value = gathered_fp32[slot.offset : slot.offset + slot.numel].view(slot.shape)
+            for name in slot.names:
+                result[name] = value
+        return result
+
+
+def _make_slots(params: list[ParamInfo]) -> list[Slot]:
+    slots, offset = [], 0
+    for info in params:
+        numel = info.param.numel()
+        slots.append(Slot(tuple(info.names), tuple(info.uses), info.param.shape, offset, numel))
+        offset += numel
+    return slots

@@ -1,0 +1,139 @@
+"""The data-parallel world as N nodes x D ranks per node, and its process groups.
+
+Rank ``r = n * D + d`` lives on node ``n`` with local index ``d`` (DESIGN.md section 1).
+The node size is a property of this object, not of the machine, so four processes on one
+machine can act as two nodes of two ranks each.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Pure arithmetic of a world of ``world_size`` ranks split into nodes."""
+
+    world_size: int
+    ranks_per_node: int
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+        if self.world_size % self.ranks_per_node != 0:
+            divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
+            raise ValueError(
+                f"ranks_per_node={self.ranks_per_node} does not divide world_size="
+                f"{self.world_size}; allowed values: {divisors}"
+            )
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.ranks_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def local_index_of(self, rank: int) -> int:
+        return rank % self.ranks_per_node
+
+    def intra_node_ranks(self, node: int) -> list[int]:
+        first = node * self.ranks_per_node
+        return list(range(first, first + self.ranks_per_node))
+
+    def inter_node_ranks(self, local_index: int) -> list[int]:
+        return [n * self.ranks_per_node + local_index for n in range(self.num_nodes)]
+
+    def same_node(self, rank_a: int, rank_b: int) -> bool:
+        return self.node_of(rank_a) == self.node_of(rank_b)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A process group together with the global ranks it contains, in group order."""
+
+    name: str
+    ranks: tuple[int, ...]
+    handle: object = field(repr=False, compare=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+class Topology:
+    """This rank's view of the layout plus the world, intra-node and inter-node groups.
+
+    Build it once with :meth:`from_environment` after ``init_process_group`` and pass it
+    explicitly to whatever communicates; there are no module-level group globals.
+    """
+
+    def __init__(self, layout: Layout, rank: int, groups: dict[str, Group]) -> None:
+        assert 0 <= rank < layout.world_size
+        self.layout = layout
+        self.rank = rank
+        self._groups = groups
+
+    @classmethod
+    def from_environment(cls, ranks_per_node: int | None = None) -> "Topology":
+        """Create the groups for the current process group world.
+
+        ``ranks_per_node`` defaults to torchrun's ``LOCAL_WORLD_SIZE`` (or the whole world
+        when that is unset). Every rank must call this collectively, with the same value.
+        """
+        if not dist.is_initialized():
+            raise ValueError("torch.distributed is not initialized; call init_process_group first")
+        world_size = dist.get_world_size()
+        if ranks_per_node is None:
+            ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        layout = Layout(world_size, ranks_per_node)
+        rank = dist.get_rank()
+        groups = {"world": Group("world", tuple(range(world_size)), dist.group.WORLD)}
+        # new_group is collective over the whole world: every rank creates every group.
+        for node in range(layout.num_nodes):
+            ranks = layout.intra_node_ranks(node)
+            handle = dist.new_group(ranks)
+            if rank in ranks:
+                groups["intra_node"] = Group("intra_node", tuple(ranks), handle)
+        for local_index in range(layout.ranks_per_node):
+            ranks = layout.inter_node_ranks(local_index)
+            handle = dist.new_group(ranks)
+            if rank in ranks:
+                groups["inter_node"] = Group("inter_node", tuple(ranks), handle)
+        return cls(layout, rank, groups)
+
+    def group(self, name: str) -> Group:
+        if name not in self._groups:
+            raise ValueError(f"unknown group {name!r}; known: {sorted(self._groups)}")
+        return self._groups[name]
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def num_nodes(self) -> int:
+        return self.layout.num_nodes
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.layout.ranks_per_node
+
+    @property
+    def node(self) -> int:
+        return self.layout.node_of(self.rank)
+
+    @property
+    def local_index(self) -> int:
+        return self.layout.local_index_of(self.rank)
+
+    def __repr__(self) -> str:
+        return (
+            f"Topology(rank={self.rank}, world_size={self.world_size}, "
+            f"num_nodes={self.num_nodes}, ranks_per_node={self.ranks_per_node})"
+        )
