@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..accounting import CommLog
+from ..accounting import CommLog, predicted_zero3_bytes
 from ..collectives import Communicator
 from ..config import ZeroConfig
 from ..sharding import FlatParam, ShardState, plan_units
@@ -109,6 +109,17 @@ class ShardedModel(nn.Module):
 
     def flat_params(self) -> list[FlatParam]:
         return [flat for unit in self.units for flat in unit.flats]
+
+    def predicted_step_bytes(self) -> dict[str, int]:
+        """The analytic ZeRO-3 bytes this rank receives per step, per phase."""
+        flats = [(unit.is_root, flat.requires_grad, flat.padded_numel) for unit in self.units for flat in unit.flats]
+        return predicted_zero3_bytes(
+            flats,
+            self.topology.world_size,
+            self.config.compute_torch_dtype.itemsize,
+            self.config.reduce_torch_dtype.itemsize,
+            self.config.reshard_root_after_forward,
+        )
 
     def on_weights_changed(self) -> None:
         """Call after the master shards changed: drop stale gathered copies, refresh the
