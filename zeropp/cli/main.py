@@ -1,0 +1,100 @@
+"""Command line: ``zeropp demo`` and ``zeropp train``.
+
+    zeropp demo                                  # 4 CPU ranks as 2 nodes x 2, built-in defaults
+    zeropp train --model medium --steps 500 --precision bf16 --world-size 4 --ranks-per-node 2
+    torchrun --nproc-per-node 4 -m zeropp.cli.main train ...   # join a torchrun world instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..accounting import format_table
+from ..config import DTYPES, ZeroConfig
+from ..launch import init_from_torchrun, spawn_ranks
+from ..train import TrainConfig, train
+from ..train.loop import write_summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zeropp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("demo", help="train the example GPT on 4 CPU ranks (2 nodes x 2) with defaults")
+    trainer = commands.add_parser("train", help="train the example GPT with options")
+    trainer.add_argument("--model", default="small", help="GPT size: tiny, small, medium")
+    trainer.add_argument("--steps", type=int, default=300)
+    trainer.add_argument("--batch-per-rank", type=int, default=8)
+    trainer.add_argument("--seq-len", type=int, default=128)
+    trainer.add_argument("--accumulation", type=int, default=1)
+    trainer.add_argument("--lr", type=float, default=3e-3)
+    trainer.add_argument("--precision", default="fp32", help=f"compute dtype: {', '.join(DTYPES)}")
+    trainer.add_argument("--reduce-dtype", default=None, help="gradient communication dtype (default: compute dtype)")
+    trainer.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    trainer.add_argument("--world-size", type=int, default=4, help="ranks to start (ignored under torchrun)")
+    trainer.add_argument("--ranks-per-node", type=int, default=None, help="default: LOCAL_WORLD_SIZE, or 2 when spawning")
+    trainer.add_argument("--seed", type=int, default=0)
+    trainer.add_argument("--out", default="runs/train", help="folder for metrics.jsonl and summary.json")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            args = build_parser().parse_args(["train", "--out", "runs/demo"])
+        return run_training(args)
+    except ValueError as error:
+        print(f"zeropp: error: {error}", file=sys.stderr)
+        return 2
+
+
+def run_training(args) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    under_torchrun = "RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ
+    ranks_per_node = args.ranks_per_node
+    if ranks_per_node is None and not under_torchrun:
+        ranks_per_node = 2 if args.world_size % 2 == 0 else 1
+    config = TrainConfig(
+        model_size=args.model, steps=args.steps, batch_per_rank=args.batch_per_rank, seq_len=args.seq_len,
+        accumulation=args.accumulation, learning_rate=args.lr, seed=args.seed, ranks_per_node=ranks_per_node,
+        metrics_path=str(out / "metrics.jsonl"),
+        zero=ZeroConfig(compute_dtype=args.precision, reduce_dtype=args.reduce_dtype,
+                        activation_checkpointing=args.checkpointing),
+    )
+    if under_torchrun:
+        rank, world_size = init_from_torchrun()
+        summary = train(rank, world_size, config)
+        if rank != 0:
+            return 0
+    else:
+        if args.world_size < 1:
+            raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
+        summary = spawn_ranks(train, args.world_size, (config,), timeout_s=24 * 3600)[0]
+    write_summary(summary, out / "summary.json")
+    print(_report(summary, out))
+    return 0
+
+
+def _report(summary: dict, out: Path) -> str:
+    config = summary["config"]
+    lines = [
+        f"model: GPT {config['model_size']}, {config['num_parameters']:,} parameters; "
+        f"world: {config['world_size']} ranks = {config['num_nodes']} nodes x {config['ranks_per_node']}; "
+        f"precision: {config['zero']['compute_dtype']}",
+        f"train loss {summary['final_train_loss']:.4f}   validation loss {summary['validation_loss']:.4f}   "
+        f"{summary['tokens_per_s']:,.0f} tokens/s (median step)",
+        "",
+        "communication per step, this rank (rank 0):",
+        format_table(summary["comm_per_step"]),
+        "",
+        f"metrics: {out / 'metrics.jsonl'}   summary: {out / 'summary.json'}",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

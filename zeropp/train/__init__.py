@@ -1,0 +1,3 @@
+from .loop import TrainConfig, train
+
+__all__ = ["TrainConfig", "train"]

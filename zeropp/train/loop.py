@@ -1,0 +1,150 @@
+"""The training job behind ``zeropp demo`` and ``zeropp train``: one function per rank."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from ..config import ZeroConfig
+from ..data import ByteCorpus, load_stdlib_corpus
+from ..engine import ShardedModel
+from ..models import GPT, Block, GPTConfig
+from ..optim import ShardedOptimizer
+from ..topology import Topology
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model_size: str = "small"
+    steps: int = 300
+    batch_per_rank: int = 8
+    seq_len: int = 128
+    accumulation: int = 1
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 4
+    seed: int = 0
+    ranks_per_node: int | None = None
+    metrics_path: str | None = None
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+
+    def __post_init__(self) -> None:
+        GPTConfig.preset(self.model_size)
+        for name in ("steps", "batch_per_rank", "seq_len", "accumulation", "eval_every", "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len > GPTConfig.preset(self.model_size).block_size:
+            raise ValueError(
+                f"seq_len={self.seq_len} exceeds the {self.model_size} model's block_size="
+                f"{GPTConfig.preset(self.model_size).block_size}"
+            )
+
+    def model_config(self) -> GPTConfig:
+        return GPTConfig.preset(self.model_size)
+
+
+def learning_rate_at(config: TrainConfig, step: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def train(rank: int, world_size: int, config: TrainConfig) -> dict:
+    """Train the GPT on this rank; returns a summary (identical on every rank)."""
+    torch.manual_seed(config.seed)
+    topology = Topology.from_environment(config.ranks_per_node)
+    model = ShardedModel(GPT(config.model_config()), topology, config.zero, unit_classes=(Block,))
+    optimizer = ShardedOptimizer(
+        model, lambda params: torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    )
+    corpus = ByteCorpus(load_stdlib_corpus())
+    metrics = open(config.metrics_path, "w") if rank == 0 and config.metrics_path else None
+    tokens_per_step = world_size * config.batch_per_rank * config.seq_len * config.accumulation
+    step_times, losses, comm_table = [], [], {}
+    progress = tqdm(range(config.steps), disable=rank != 0, desc="train", unit="step")
+    try:
+        for step in progress:
+            model.comm_log.reset()
+            started = time.perf_counter()
+            loss = _train_step(model, optimizer, corpus, config, step, rank, world_size)
+            step_times.append(time.perf_counter() - started)
+            comm_table = model.comm_log.totals_by_phase()
+            losses.append(loss)
+            record = {"step": step, "loss": loss, "lr": learning_rate_at(config, step),
+                      "tokens_per_s": tokens_per_step / step_times[-1], "comm": comm_table}
+            if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+                record["validation_loss"] = evaluate(model, corpus, config, rank, world_size)
+            progress.set_postfix(loss=f"{loss:.3f}")
+            if metrics:
+                metrics.write(json.dumps(record) + "\n")
+                metrics.flush()
+    finally:
+        if metrics:
+            metrics.close()
+    timed = step_times[min(5, len(step_times) - 1):]
+    return {
+        "config": _describe(config, topology, model),
+        "final_train_loss": losses[-1],
+        "validation_loss": record["validation_loss"],
+        "tokens_per_s": tokens_per_step / statistics.median(timed),
+        "comm_per_step": comm_table,
+        "losses": losses,
+    }
+
+
+def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> float:
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate_at(config, step)
+    total = torch.zeros(())
+    for micro in range(config.accumulation):
+        inputs, targets = corpus.rank_batch(
+            "train", step * config.accumulation + micro, config.batch_per_rank, config.seq_len, rank, world_size, config.seed
+        )
+        loss = model(inputs, targets) / config.accumulation
+        loss.backward()
+        total += loss.detach().float()
+    optimizer.clip_grad_norm_(config.clip)
+    optimizer.step()
+    optimizer.zero_grad()
+    dist.all_reduce(total)
+    return total.item() / world_size
+
+
+@torch.no_grad()
+def evaluate(model, corpus, config, rank, world_size) -> float:
+    model.eval()
+    total = torch.zeros(())
+    for batch in range(config.eval_batches):
+        inputs, targets = corpus.rank_batch(
+            "validation", batch, config.batch_per_rank, config.seq_len, rank, world_size, config.seed
+        )
+        total += model(inputs, targets).float()
+    model.train()
+    dist.all_reduce(total)
+    return total.item() / (world_size * config.eval_batches)
+
+
+def _describe(config: TrainConfig, topology: Topology, model: ShardedModel) -> dict:
+    described = asdict(config)
+    described["num_parameters"] = sum(flat.numel for flat in model.flat_params())
+    described["world_size"] = topology.world_size
+    described["num_nodes"] = topology.num_nodes
+    described["ranks_per_node"] = topology.ranks_per_node
+    return described
+
+
+def write_summary(summary: dict, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(summary, indent=2) + "\n")
