@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import math
+
 import torch
+
+from .quantization import BlockFormat
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -39,7 +43,23 @@ class ZeroConfig:
     activation_checkpointing: bool = False
     """Recompute each unit's activations in backward instead of storing them."""
     shard_alignment: int = 1
-    """Each rank's shard length is a multiple of this many elements (quantization blocks)."""
+    """Each rank's shard length is a multiple of this many elements."""
+    quantized_weights: bool = False
+    """qwZ: the weight all-gather carries block-quantized codes plus fp32 scales."""
+    weight_bits: int = 8
+    """Bits per weight value in the qwZ gather (8 as in ZeRO++, or 4)."""
+    quantization_block_size: int = 256
+    """Values per quantization block (one fp32 scale each), for weights and gradients."""
+    hpz_size: int = 1
+    """hpZ: ranks per secondary partition group (1 disables; must divide the ranks per node)."""
+    quantized_gradients: bool = False
+    """qgZ: reduce-scatter gradients by a two-hop quantized all-to-all."""
+    gradient_bits_intra_node: int = 4
+    """Bits per gradient value on the intra-node hop of qgZ."""
+    gradient_bits_inter_node: int = 4
+    """Bits per gradient value on the inter-node hop of qgZ."""
+    gradient_chunks: int = 2
+    """qgZ pipelines each bucket in this many chunks so the two hops overlap."""
 
     def __post_init__(self) -> None:
         parse_dtype("compute_dtype", self.compute_dtype)
@@ -49,8 +69,15 @@ class ZeroConfig:
             value = getattr(self, item.name)
             if item.type == "bool" and not isinstance(value, bool):
                 raise ValueError(f"{item.name} must be true or false, got {value!r}")
-        if not isinstance(self.shard_alignment, int) or self.shard_alignment < 1:
-            raise ValueError(f"shard_alignment must be a positive integer, got {self.shard_alignment!r}")
+        for name in ("shard_alignment", "hpz_size", "gradient_chunks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("weight_bits", "gradient_bits_intra_node", "gradient_bits_inter_node"):
+            try:
+                BlockFormat(getattr(self, name), self.quantization_block_size)
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
 
     @property
     def compute_torch_dtype(self) -> torch.dtype:
@@ -61,3 +88,23 @@ class ZeroConfig:
         if self.reduce_dtype is None:
             return self.compute_torch_dtype
         return parse_dtype("reduce_dtype", self.reduce_dtype)
+
+    @property
+    def weight_format(self) -> BlockFormat:
+        return BlockFormat(self.weight_bits, self.quantization_block_size)
+
+    @property
+    def gradient_formats(self) -> tuple[BlockFormat, BlockFormat]:
+        """(intra-node hop, inter-node hop) formats of qgZ."""
+        block = self.quantization_block_size
+        return BlockFormat(self.gradient_bits_intra_node, block), BlockFormat(self.gradient_bits_inter_node, block)
+
+    @property
+    def effective_shard_alignment(self) -> int:
+        """Shards are whole quantization blocks (qwZ), and whole blocks per qgZ chunk."""
+        alignment = self.shard_alignment
+        if self.quantized_weights:
+            alignment = math.lcm(alignment, self.quantization_block_size)
+        if self.quantized_gradients:
+            alignment = math.lcm(alignment, self.quantization_block_size * self.gradient_chunks)
+        return alignment

@@ -107,6 +107,24 @@ class Topology:
                 groups["inter_node"] = Group("inter_node", tuple(ranks), handle)
         return cls(layout, rank, groups)
 
+    def hpz_group(self, hpz_size: int) -> Group:
+        """The group of ``hpz_size`` consecutive ranks inside this rank's node that share a
+        secondary partition (hpZ). Collective on first use for a size: every rank must ask."""
+        name = f"hpz_{hpz_size}"
+        if name not in self._groups:
+            if hpz_size < 1 or self.ranks_per_node % hpz_size != 0:
+                allowed = [h for h in range(1, self.ranks_per_node + 1) if self.ranks_per_node % h == 0]
+                raise ValueError(
+                    f"hpz_size={hpz_size} must divide the ranks per node ({self.ranks_per_node}); "
+                    f"allowed values: {allowed}"
+                )
+            for first in range(0, self.world_size, hpz_size):
+                ranks = list(range(first, first + hpz_size))
+                handle = dist.new_group(ranks) if hpz_size > 1 else None
+                if self.rank in ranks:
+                    self._groups[name] = Group(name, tuple(ranks), handle)
+        return self._groups[name]
+
     def group(self, name: str) -> Group:
         if name not in self._groups:
             raise ValueError(f"unknown group {name!r}; known: {sorted(self._groups)}")

@@ -25,6 +25,10 @@ class PendingReduceScatter:
     received: torch.Tensor  # [group_size * shard_numel], the chunks every member sent us
     group_size: int
 
+    def progress(self) -> bool:
+        """A single all-to-all: nothing is left to launch."""
+        return True
+
     def wait(self) -> torch.Tensor:
         if self.work is not None:
             self.work.wait()
@@ -64,6 +68,17 @@ class Communicator:
         received = torch.empty_like(flat)
         work = dist.all_to_all_single(received, flat, group=group.handle, async_op=async_op)
         return PendingReduceScatter(work, received, group.size)
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: Group, phase: str, async_op: bool):
+        """Equal splits: member ``i`` sends row ``j`` of ``input`` [group.size, ...] to member
+        ``j`` and receives member ``j``'s row ``i`` into row ``j`` of ``output``."""
+        assert input.shape[0] == group.size and output.shape == input.shape
+        chunk_bytes = input[0].numel() * input.element_size()
+        self.comm_log.record_exchange("all_to_all", group.ranks, phase, chunk_bytes)
+        if group.size == 1:
+            output.copy_(input)
+            return None
+        return dist.all_to_all_single(output, input, group=group.handle, async_op=async_op)
 
     def broadcast(self, tensor: torch.Tensor, group: Group, source_rank: int, phase: str) -> None:
         """Broadcast from ``source_rank`` (a global rank); recorded as received by others."""

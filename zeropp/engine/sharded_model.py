@@ -17,14 +17,16 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..accounting import CommLog, predicted_zero3_bytes
+from ..accounting import CommLog, FlatSummary, predicted_step_bytes
 from ..collectives import Communicator
 from ..config import ZeroConfig
 from ..sharding import FlatParam, ShardState, plan_units
 from ..sharding.flat_param import flatten_params, shard_numel_for
 from ..topology import Topology
+from .grad_reduce import GradientReducer
 from .schedule import ExecutionOrder
 from .unit import Unit
+from .weight_gather import WeightGather
 
 
 class ShardedModel(nn.Module):
@@ -48,6 +50,8 @@ class ShardedModel(nn.Module):
         self.comm_log = CommLog(topology.layout, topology.rank)
         self._comm = Communicator(self.comm_log)
         self._world = topology.group("world")
+        self._weights = WeightGather(self.config, topology, self._comm)
+        self._gradients = GradientReducer(self.config, topology, self._comm)
         self.units = self._build_units(tuple(unit_classes))
         self._forward_order = ExecutionOrder()
         self._backward_order = ExecutionOrder()
@@ -77,7 +81,7 @@ class ShardedModel(nn.Module):
     def _build_flat(self, name, params) -> FlatParam:
         world_size = self.topology.world_size
         total = sum(info.param.numel() for info in params)
-        shard_numel = shard_numel_for(total, world_size, self.config.shard_alignment)
+        shard_numel = shard_numel_for(total, world_size, self.config.effective_shard_alignment)
         full = flatten_params(params, shard_numel * world_size)
         if self.config.sync_module_states:
             self._comm.broadcast(full, self._world, source_rank=0, phase="init")
@@ -110,16 +114,14 @@ class ShardedModel(nn.Module):
     def flat_params(self) -> list[FlatParam]:
         return [flat for unit in self.units for flat in unit.flats]
 
-    def predicted_step_bytes(self) -> dict[str, int]:
-        """The analytic ZeRO-3 bytes this rank receives per step, per phase."""
-        flats = [(unit.is_root, flat.requires_grad, flat.padded_numel) for unit in self.units for flat in unit.flats]
-        return predicted_zero3_bytes(
-            flats,
-            self.topology.world_size,
-            self.config.compute_torch_dtype.itemsize,
-            self.config.reduce_torch_dtype.itemsize,
-            self.config.reshard_root_after_forward,
-        )
+    def predicted_step_bytes(self) -> dict[str, dict[str, int]]:
+        """The analytic bytes this rank receives per step, per phase, intra and inter node."""
+        flats = [
+            FlatSummary(unit.is_root, flat.requires_grad, flat.shard_numel)
+            for unit in self.units
+            for flat in unit.flats
+        ]
+        return predicted_step_bytes(flats, self.topology.layout, self.config)
 
     def on_weights_changed(self) -> None:
         """Call after the master shards changed: drop stale gathered copies, refresh the
@@ -127,7 +129,7 @@ class ShardedModel(nn.Module):
         for unit in self.units:
             self._free(unit)
         for flat in self.flat_params():
-            flat.refresh_compute_shard()
+            flat.invalidate_copies()
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -147,24 +149,23 @@ class ShardedModel(nn.Module):
         for flat in unit.flats:
             if flat.state is ShardState.SHARDED:
                 flat.allocate_full()
-                flat.pending_gather = self._comm.all_gather(
-                    flat.full_data, flat.compute_shard(), self._world, self._phase(), async_op=True
-                )
+                flat.pending_gather = self._weights.start(flat, self._phase())
                 flat.state = ShardState.GATHERING
+
+    def _finish_gather(self, flat: FlatParam) -> None:
+        if flat.state is ShardState.GATHERING:
+            self._weights.finish(flat, flat.pending_gather)
+            flat.pending_gather = None
+            flat.state = ShardState.GATHERED
 
     def _ensure_gathered(self, unit: Unit) -> None:
         self._start_gather(unit)
         for flat in unit.flats:
-            if flat.state is ShardState.GATHERING:
-                if flat.pending_gather is not None:
-                    flat.pending_gather.wait()
-                flat.pending_gather = None
-                flat.state = ShardState.GATHERED
+            self._finish_gather(flat)
 
     def _free(self, unit: Unit) -> None:
         for flat in unit.flats:
-            if flat.state is ShardState.GATHERING and flat.pending_gather is not None:
-                flat.pending_gather.wait()
+            self._finish_gather(flat)  # never free storage under a collective in flight
             if flat.state is not ShardState.SHARDED:
                 flat.free_full()
 
@@ -210,10 +211,11 @@ class ShardedModel(nn.Module):
     def _on_grad_ready(self, flat: FlatParam, full: torch.Tensor) -> None:
         grad = full.grad  # [padded_numel], compute dtype
         full.grad = None
-        to_send = grad.to(self.config.reduce_torch_dtype)
-        pending = self._comm.reduce_scatter_mean(to_send, self._world, "reduce_scatter", async_op=True)
-        self._pending_reductions.append((flat, pending))
+        self._pending_reductions.append((flat, self._gradients.start(grad)))
         flat.free_full()
+        for _, pending in self._pending_reductions:  # in order: hops must match across ranks
+            if not pending.progress():
+                break
 
     def _finish_backward(self) -> None:
         for flat, pending in self._pending_reductions:

@@ -94,6 +94,8 @@ class FlatParam:
         self.full_data = self.full.data
         self.state = ShardState.SHARDED
         self.pending_gather = None
+        self.packed_shard: torch.Tensor | None = None  # qwZ: quantized master shard, uint8
+        self.secondary: torch.Tensor | None = None  # hpZ: this rank's part of the hpZ split
 
     def compute_shard(self) -> torch.Tensor:
         """What this rank contributes to the all-gather, [shard_numel] compute dtype."""
@@ -101,9 +103,15 @@ class FlatParam:
             return self.master.detach()
         return self._compute_shard
 
-    def refresh_compute_shard(self) -> None:
+    def invalidate_copies(self) -> None:
+        """The master shard changed: refresh the compute-dtype shard and drop the packed
+        and secondary copies. Frozen parameters never change, so they keep theirs."""
+        if not self.requires_grad:
+            return
         if self._compute_shard is not None:
             self._compute_shard.copy_(self.master.detach())
+        self.packed_shard = None
+        self.secondary = None
 
     def allocate_full(self) -> None:
         nbytes = self.padded_numel * self.full.element_size()

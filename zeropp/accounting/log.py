@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .topology import Layout
+from ..topology import Layout
 
 
 @dataclass(frozen=True)
@@ -121,26 +121,3 @@ def _format_row(label: str, row: dict[str, int]) -> str:
         f"{row.get('received_inter_node', 0) / mb:>12.3f}"
     )
 
-
-def predicted_zero3_bytes(
-    flats: list[tuple[bool, bool, int]],
-    world_size: int,
-    compute_bytes: int,
-    reduce_bytes: int,
-    reshard_root_after_forward: bool,
-) -> dict[str, int]:
-    """Bytes one rank receives per training step under plain ZeRO-3.
-
-    ``flats`` holds ``(is_root, requires_grad, padded_numel)`` per flat buffer. Each gather
-    or reduce-scatter of a buffer moves ``(W - 1) / W`` of it to every rank. The root unit
-    is gathered again for backward only when it was freed after forward.
-    """
-    share = (world_size - 1) / world_size
-    forward = sum(numel for _, _, numel in flats)
-    backward = sum(numel for is_root, _, numel in flats if reshard_root_after_forward or not is_root)
-    reduced = sum(numel for _, requires_grad, numel in flats if requires_grad)
-    return {
-        "forward_gather": round(share * forward * compute_bytes),
-        "backward_gather": round(share * backward * compute_bytes),
-        "reduce_scatter": round(share * reduced * reduce_bytes),
-    }

@@ -1,0 +1,52 @@
+"""The vectorised block quantizer against the one-block-at-a-time specification."""
+
+import pytest
+import torch
+
+from zeropp.quantization import BlockFormat, dequantize, quantize
+from zeropp.quantization.reference import reference_dequantize, reference_quantize
+
+
+def sample(numel, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(numel, generator=generator) * torch.logspace(-3, 1, numel)
+    values[:32] = 0.0  # an all-zero block
+    return values
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_fast_path_produces_the_reference_codes(bits, block_size):
+    fmt = BlockFormat(bits, block_size)
+    values = sample(block_size * 12)
+    packed = quantize(values, fmt)
+    assert packed.dtype == torch.uint8 and packed.numel() == fmt.packed_nbytes(values.numel())
+    assert torch.equal(packed, reference_quantize(values, fmt))
+    assert torch.equal(dequantize(packed, fmt, values.numel()), reference_dequantize(packed, fmt, values.numel()))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_error_within_half_a_step_per_block(bits, dtype):
+    fmt = BlockFormat(bits, 64)
+    values = sample(64 * 20, seed=1).to(dtype)
+    restored = dequantize(quantize(values, fmt), fmt, values.numel())
+    blocks = values.float().view(-1, 64)
+    # Half a quantization step, plus fp32 rounding of x / scale and q * scale.
+    half_step = blocks.abs().amax(dim=1, keepdim=True) / fmt.max_code / 2
+    assert ((restored.view(-1, 64) - blocks).abs() <= half_step * (1 + 1e-5)).all()
+
+
+def test_rows_are_independent_segments():
+    fmt = BlockFormat(4, 32)
+    rows = sample(32 * 6).view(3, 64)
+    packed = quantize(rows, fmt)
+    for row in range(3):
+        assert torch.equal(packed[row], quantize(rows[row], fmt))
+    assert torch.equal(dequantize(packed, fmt, 64), torch.stack([dequantize(p, fmt, 64) for p in packed]))
+
+
+@pytest.mark.parametrize("kwargs,field", [(dict(bits=3), "bits"), (dict(block_size=7), "block_size")])
+def test_bad_formats_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        BlockFormat(**kwargs)

@@ -1,0 +1,61 @@
+"""Bytes one rank receives per training step, predicted from the layout and the config.
+
+Counted like :class:`CommLog`: in an exchange over a group, this rank receives one chunk
+from every other member; a member on another node makes that chunk inter-node. One step is
+one forward, one backward and one optimizer step (no gradient accumulation): the forward
+gathers from the primary shards (secondary shards were invalidated by the last step), the
+backward gathers every unit but the root (kept after forward unless resharded) from the
+secondary shards when hpZ is on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ZeroConfig
+from ..topology import Layout
+
+
+@dataclass(frozen=True)
+class FlatSummary:
+    is_root: bool
+    requires_grad: bool
+    shard_numel: int
+
+
+def _zero() -> dict[str, int]:
+    return {"received_intra_node": 0, "received_inter_node": 0}
+
+
+def _add(row: dict[str, int], intra_peers: int, inter_peers: int, chunk_bytes: float) -> None:
+    row["received_intra_node"] += round(intra_peers * chunk_bytes)
+    row["received_inter_node"] += round(inter_peers * chunk_bytes)
+
+
+def predicted_step_bytes(flats: list[FlatSummary], layout: Layout, config: ZeroConfig) -> dict[str, dict[str, int]]:
+    """``{phase: {"received_intra_node": bytes, "received_inter_node": bytes}}``."""
+    world, per_node, nodes = layout.world_size, layout.ranks_per_node, layout.num_nodes
+    compute = config.compute_torch_dtype.itemsize
+    weights = config.weight_format
+    result = {"forward_gather": _zero(), "backward_gather": _zero(), "reduce_scatter": _zero()}
+    for flat in flats:
+        shard = flat.shard_numel
+        primary_chunk = weights.packed_nbytes(shard) if config.quantized_weights else shard * compute
+        _add(result["forward_gather"], per_node - 1, world - per_node, primary_chunk)
+        if not flat.is_root or config.reshard_root_after_forward:
+            if config.hpz_size > 1:
+                # The secondary partition holds world / hpz_size primary shards' worth.
+                _add(result["backward_gather"], config.hpz_size - 1, 0, primary_chunk * world // config.hpz_size)
+            else:
+                _add(result["backward_gather"], per_node - 1, world - per_node, primary_chunk)
+        if flat.requires_grad:
+            row = result["reduce_scatter"]
+            if config.quantized_gradients:
+                intra, inter = config.gradient_formats
+                if per_node > 1:
+                    _add(row, per_node - 1, 0, intra.packed_nbytes(nodes * shard))
+                if nodes > 1:
+                    _add(row, 0, nodes - 1, inter.packed_nbytes(shard))
+            else:
+                _add(row, per_node - 1, world - per_node, shard * config.reduce_torch_dtype.itemsize)
+    return result
