@@ -24,6 +24,7 @@ class Scenario:
     clip: float | None = None
     freeze: bool = False
     checkpointing: bool = False
+    hpz: bool = False  # secondary partition over the node's ranks, no quantization
 
 
 SCENARIOS = [
@@ -33,6 +34,8 @@ SCENARIOS = [
     Scenario("frozen", freeze=True),
     Scenario("checkpointing", checkpointing=True),
     Scenario("encoder", model="encoder", clip=0.5),
+    Scenario("hpz", hpz=True),
+    Scenario("hpz_accumulation_checkpointing_frozen", hpz=True, accumulation=2, checkpointing=True, freeze=True),
 ]
 
 
@@ -93,7 +96,10 @@ def train_reference(scenario: Scenario, world_size: int) -> list[float]:
 
 def train_sharded(scenario: Scenario, rank: int, world_size: int, topology: Topology) -> list[float]:
     model, units = build_model(scenario)
-    config = ZeroConfig(activation_checkpointing=scenario.checkpointing)
+    config = ZeroConfig(
+        activation_checkpointing=scenario.checkpointing,
+        hpz_size=topology.ranks_per_node if scenario.hpz else 1,
+    )
     sharded = ShardedModel(model, topology, config, unit_classes=units)
     optimizer = ShardedOptimizer(sharded, optimizer_for)
     rows = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)

@@ -1,0 +1,1 @@
+"""Benchmarks and reports run from the command line (``zeropp bench ...``)."""
