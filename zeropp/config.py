@@ -100,6 +100,13 @@ class ZeroConfig:
         return BlockFormat(self.gradient_bits_intra_node, block), BlockFormat(self.gradient_bits_inter_node, block)
 
     @property
+    def parameter_alignment(self) -> int:
+        """Each parameter starts on a block boundary when anything is quantized."""
+        if self.quantized_weights or self.quantized_gradients:
+            return self.quantization_block_size
+        return 1
+
+    @property
     def effective_shard_alignment(self) -> int:
         """Shards are whole quantization blocks (qwZ), and whole blocks per qgZ chunk."""
         alignment = self.shard_alignment

@@ -21,7 +21,7 @@ from ..accounting import CommLog, FlatSummary, predicted_step_bytes
 from ..collectives import Communicator
 from ..config import ZeroConfig
 from ..sharding import FlatParam, ShardState, plan_units
-from ..sharding.flat_param import flatten_params, shard_numel_for
+from ..sharding.flat_param import flatten_params, make_slots, shard_numel_for
 from ..topology import Topology
 from .grad_reduce import GradientReducer
 from .schedule import ExecutionOrder
@@ -80,12 +80,13 @@ class ShardedModel(nn.Module):
 
     def _build_flat(self, name, params) -> FlatParam:
         world_size = self.topology.world_size
-        total = sum(info.param.numel() for info in params)
-        shard_numel = shard_numel_for(total, world_size, self.config.effective_shard_alignment)
-        full = flatten_params(params, shard_numel * world_size)
+        slots = make_slots(params, self.config.parameter_alignment)
+        extent = slots[-1].offset + slots[-1].numel
+        shard_numel = shard_numel_for(extent, world_size, self.config.effective_shard_alignment)
+        full = flatten_params(params, slots, shard_numel * world_size)
         if self.config.sync_module_states:
             self._comm.broadcast(full, self._world, source_rank=0, phase="init")
-        return FlatParam(name, params, full, self.topology.rank, world_size, self.config.compute_torch_dtype)
+        return FlatParam(name, params, slots, full, self.topology.rank, world_size, self.config.compute_torch_dtype)
 
     def _broadcast_buffers(self) -> None:
         for buffer in self.module.buffers():

@@ -47,15 +47,27 @@ def shard_numel_for(total_numel: int, world_size: int, alignment: int) -> int:
     return max(alignment, math.ceil(per_rank / alignment) * alignment)
 
 
-def flatten_params(params: list[ParamInfo], padded_numel: int) -> torch.Tensor:
-    """The fp32 full buffer of ``params`` with zero padding, shape [padded_numel]."""
-    first = params[0].param
-    flat = torch.zeros(padded_numel, dtype=torch.float32, device=first.device)
-    offset = 0
+def make_slots(params: list[ParamInfo], alignment: int) -> list[Slot]:
+    """Place parameters one after another, each starting at a multiple of ``alignment``.
+
+    With quantization the alignment is the block size, so no quantization block mixes two
+    parameters: a LayerNorm gain of 1.0 sharing a block with weights of 0.02 would leave
+    those weights only a few quantization levels.
+    """
+    slots, offset = [], 0
     for info in params:
+        offset = math.ceil(offset / alignment) * alignment
         numel = info.param.numel()
-        flat[offset : offset + numel].copy_(info.param.detach().reshape(-1))
+        slots.append(Slot(tuple(info.names), tuple(info.uses), info.param.shape, offset, numel))
         offset += numel
+    return slots
+
+
+def flatten_params(params: list[ParamInfo], slots: list[Slot], padded_numel: int) -> torch.Tensor:
+    """The fp32 full buffer of ``params`` with zero padding, shape [padded_numel]."""
+    flat = torch.zeros(padded_numel, dtype=torch.float32, device=params[0].param.device)
+    for info, slot in zip(params, slots):
+        flat[slot.offset : slot.offset + slot.numel].copy_(info.param.detach().reshape(-1))
     return flat
 
 
@@ -66,6 +78,7 @@ class FlatParam:
         self,
         name: str,
         params: list[ParamInfo],
+        slots: list[Slot],
         full_fp32: torch.Tensor,
         rank: int,
         world_size: int,
@@ -77,8 +90,14 @@ class FlatParam:
         self.compute_dtype = compute_dtype
         self.shard_numel = full_fp32.numel() // world_size
         self.padded_numel = full_fp32.numel()
-        self.slots = _make_slots(params)
-        self.numel = sum(slot.numel for slot in self.slots)
+        self.slots = slots
+        self.numel = sum(slot.numel for slot in self.slots)  # real values, padding excluded
+        # Split sizes of the full buffer: [gap, parameter, gap, parameter, ..., tail padding].
+        self._split_sizes, end = [], 0
+        for slot in slots:
+            self._split_sizes += [slot.offset - end, slot.numel]
+            end = slot.offset + slot.numel
+        self._split_sizes.append(self.padded_numel - end)
 
         start = rank * self.shard_numel
         shard = full_fp32[start : start + self.shard_numel].clone()
@@ -126,10 +145,9 @@ class FlatParam:
     def install_views(self) -> None:
         """Point every use of every parameter at its view of ``full``."""
         source = self.full if torch.is_grad_enabled() else self.full.detach()
-        sizes = [slot.numel for slot in self.slots] + [self.padded_numel - self.numel]
         # One split node instead of a slice per parameter: its backward writes all
         # parameter gradients into one full-size buffer with a single concatenation.
-        pieces = torch.split(source, sizes)
+        pieces = torch.split(source, self._split_sizes)[1::2]
         for slot, piece in zip(self.slots, pieces):
             view = piece.view(slot.shape)
             for use in slot.uses:
@@ -151,11 +169,3 @@ class FlatParam:
                 result[name] = value
         return result
 
-
-def _make_slots(params: list[ParamInfo]) -> list[Slot]:
-    slots, offset = [], 0
-    for info in params:
-        numel = info.param.numel()
-        slots.append(Slot(tuple(info.names), tuple(info.uses), info.param.shape, offset, numel))
-        offset += numel
-    return slots

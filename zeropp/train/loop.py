@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,7 +75,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     metrics = open(config.metrics_path, "w") if rank == 0 and config.metrics_path else None
     tokens_per_step = world_size * config.batch_per_rank * config.seq_len * config.accumulation
     step_times, losses, comm_table = [], [], {}
-    progress = tqdm(range(config.steps), disable=rank != 0, desc="train", unit="step")
+    # Bars only for a person at a terminal; logs and CI get the metrics file instead.
+    progress = tqdm(range(config.steps), disable=rank != 0 or not sys.stderr.isatty(), desc="train", unit="step")
     try:
         for step in progress:
             model.comm_log.reset()
