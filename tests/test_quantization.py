@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from zeropp.quantization import BlockFormat, dequantize, quantize
+from zeropp.quantization.blocks import quantize_compiled
 from zeropp.quantization.reference import reference_dequantize, reference_quantize
 
 
@@ -50,3 +51,10 @@ def test_rows_are_independent_segments():
 def test_bad_formats_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         BlockFormat(**kwargs)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_compiled_fast_path_produces_the_reference_codes(bits):
+    fmt = BlockFormat(bits, 64)
+    values = sample(64 * 16, seed=3)
+    assert torch.equal(quantize_compiled(values, fmt), reference_quantize(values, fmt))

@@ -60,6 +60,8 @@ class ZeroConfig:
     """Bits per gradient value on the inter-node hop of qgZ."""
     gradient_chunks: int = 2
     """qgZ pipelines each bucket in this many chunks so the two hops overlap."""
+    compile_quantization: bool = False
+    """Run the quantization kernel through torch.compile (fast; compiles once per shape)."""
 
     def __post_init__(self) -> None:
         parse_dtype("compute_dtype", self.compute_dtype)
@@ -115,3 +117,4 @@ class ZeroConfig:
         if self.quantized_gradients:
             alignment = math.lcm(alignment, self.quantization_block_size * self.gradient_chunks)
         return alignment
+

@@ -37,6 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--ranks-per-node", type=int, default=None, help="default: LOCAL_WORLD_SIZE, or 2 when spawning")
     trainer.add_argument("--seed", type=int, default=0)
     trainer.add_argument("--out", default="runs/train", help="folder for metrics.jsonl and summary.json")
+    bench = commands.add_parser("bench", help="benchmarks and reports").add_subparsers(dest="bench", required=True)
+    comm = bench.add_parser("comm", help="bytes per step of ZeRO-3 and ZeRO++ variants, measured and predicted")
+    comm.add_argument("--model", default="small", help="GPT size: tiny, small, medium")
+    comm.add_argument("--layouts", default="2x2,2x4,4x2", help="comma-separated NODESxRANKS layouts")
+    comm.add_argument("--out", default="runs/bench/comm.json")
+    quant = bench.add_parser("quant", help="block quantization speed vs copy and error vs per-tensor scales")
+    quant.add_argument("--numel", type=int, default=1 << 22)
+    quant.add_argument("--out", default="runs/bench/quant.json")
     return parser
 
 
@@ -45,10 +53,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             args = build_parser().parse_args(["train", "--out", "runs/demo"])
+        if args.command == "bench":
+            return _run_bench(args)
         return run_training(args)
     except ValueError as error:
         print(f"zeropp: error: {error}", file=sys.stderr)
         return 2
+
+
+def _run_bench(args) -> int:
+    if args.bench == "comm":
+        from ..bench import comm
+
+        return comm.main(args)
+    from ..bench import quantization
+
+    return quantization.main(args)
 
 
 def run_training(args) -> int:

@@ -37,7 +37,9 @@ class HierarchicalReduceScatter:
         communicator: Communicator,
         formats: tuple[BlockFormat, BlockFormat],
         num_chunks: int,
+        quantizer=quantize,
     ) -> None:
+        self.quantize = quantizer  # eager or compiled: the same codes
         self.nodes, self.per_node = topology.num_nodes, topology.ranks_per_node
         self.world_size = topology.world_size
         self.intra = topology.group("intra_node")
@@ -56,7 +58,7 @@ class HierarchicalReduceScatter:
         """rows [D, N * s]: row d goes to local rank d."""
         if self.per_node == 1:
             return None, rows.float()
-        packed = quantize(rows, self.intra_format)
+        packed = self.quantize(rows, self.intra_format)
         received = torch.empty_like(packed)
         return self.comm.all_to_all(received, packed, self.intra, PHASE, async_op=True), received
 
@@ -70,7 +72,7 @@ class HierarchicalReduceScatter:
         if self.nodes == 1:
             self._inter[index] = (None, partial)
             return
-        packed = quantize(partial, self.inter_format)
+        packed = self.quantize(partial, self.inter_format)
         incoming = torch.empty_like(packed)
         self._inter[index] = (self.comm.all_to_all(incoming, packed, self.inter, PHASE, async_op=True), incoming)
 

@@ -7,6 +7,7 @@ import torch
 from ..collectives import Communicator
 from ..collectives.quantized_reduce_scatter import HierarchicalReduceScatter
 from ..config import ZeroConfig
+from ..quantization import quantizer
 from ..topology import Topology
 
 
@@ -22,7 +23,12 @@ class GradientReducer:
         [S] fp32 and whose ``progress()`` launches what can be launched."""
         if self.config.quantized_gradients:
             return HierarchicalReduceScatter(
-                flat_grad, self.topology, self.comm, self.config.gradient_formats, self.config.gradient_chunks
+                flat_grad,
+                self.topology,
+                self.comm,
+                self.config.gradient_formats,
+                self.config.gradient_chunks,
+                quantizer(self.config.compile_quantization),
             )
         to_send = flat_grad.to(self.config.reduce_torch_dtype)
         return self.comm.reduce_scatter_mean(to_send, self.world, "reduce_scatter", async_op=True)

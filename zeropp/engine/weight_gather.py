@@ -16,7 +16,7 @@ import torch
 
 from ..collectives import Communicator
 from ..config import ZeroConfig
-from ..quantization import dequantize, quantize
+from ..quantization import dequantize, quantizer
 from ..sharding import FlatParam
 from ..topology import Topology
 
@@ -35,6 +35,7 @@ class WeightGather:
         self.world = topology.group("world")
         self.hpz = topology.hpz_group(config.hpz_size) if config.hpz_size > 1 else None
         self.format = config.weight_format if config.quantized_weights else None
+        self.quantize = quantizer(config.compile_quantization)
 
     def start(self, flat: FlatParam, phase: str) -> PendingGather:
         """Begin filling ``flat.full``; the caller has allocated its storage."""
@@ -65,7 +66,7 @@ class WeightGather:
         if self.format is None:
             return flat.compute_shard()
         if flat.packed_shard is None:
-            flat.packed_shard = quantize(flat.master.detach(), self.format)
+            flat.packed_shard = self.quantize(flat.master.detach(), self.format)
         return flat.packed_shard
 
     def _secondary_part(self, gathered: torch.Tensor) -> torch.Tensor:

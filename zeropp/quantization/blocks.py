@@ -5,13 +5,16 @@ Packed layout of one segment of ``n`` values (``n`` a multiple of the block size
     [ codes: n * bits / 8 bytes | scales: (n / B) fp32 values as 4 * n / B bytes ]
 
 INT8 codes are the int8 values' bytes. INT4 codes hold two values per byte, each stored as
-``q + 8`` (a nibble in [1, 15]): element ``2i`` in the low nibble, ``2i + 1`` in the high.
+``q + 8`` (a nibble in [1, 15]): byte ``j`` of a block holds the block's element ``j`` in
+its low nibble and element ``j + B / 2`` in its high nibble (two contiguous halves, which
+vectorises; interleaved pairs do not).
 Batched calls take ``[K, n]`` and return ``[K, packed]``: every row is its own segment, so a
 row can be sent to another rank by itself.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -45,26 +48,49 @@ class BlockFormat:
         assert numel % self.block_size == 0, f"{numel} values are not whole blocks of {self.block_size}"
 
 
-def block_scales(blocks: torch.Tensor, max_code: int) -> torch.Tensor:
-    """fp32 scale per block, ``absmax / max_code``; 1 for an all-zero block (codes are 0)."""
-    absmax = blocks.abs().amax(dim=-1, keepdim=True)
-    return torch.where(absmax > 0, absmax / max_code, torch.ones_like(absmax))
-
-
 def quantize(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """``values`` [n] or [K, n] (any float dtype) -> packed uint8 [P] or [K, P]."""
     rows = values.reshape(-1, values.shape[-1]) if values.dim() > 1 else values.view(1, -1)
+    packed = pack(*quantize_blocks(rows, fmt))
+    return packed if values.dim() > 1 else packed.view(-1)
+
+
+def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel: ``rows`` [K, n] -> (code bytes uint8 [K, n * bits / 8], scales fp32 [K, n / B]).
+
+    Per block: ``scale = absmax / max_code``, ``code = round(x * (max_code / absmax))``
+    (0 for an all-zero block). Multiplying by the reciprocal instead of dividing by the
+    scale is part of the specification: it compiles to a loop at memory speed.
+    """
     num_rows, numel = rows.shape
     fmt.check_numel(numel)
     blocks = rows.float().view(num_rows, numel // fmt.block_size, fmt.block_size)
-    scales = block_scales(blocks, fmt.max_code)  # [K, n/B, 1]
-    codes = torch.round(blocks / scales).clamp_(-fmt.max_code, fmt.max_code).to(torch.int8).view(num_rows, numel)
+    absmax = blocks.abs().amax(dim=-1, keepdim=True)  # [K, n/B, 1]
+    inverse = torch.where(absmax > 0, fmt.max_code / absmax, torch.zeros_like(absmax))
+    codes = torch.round(blocks * inverse).view(num_rows, numel)
     if fmt.bits == 8:
-        code_bytes = codes.view(torch.uint8)
+        code_bytes = codes.to(torch.int8).view(torch.uint8)
     else:
-        nibbles = (codes + 8).to(torch.uint8).view(num_rows, numel // 2, 2)
-        code_bytes = nibbles[..., 0] | (nibbles[..., 1] << 4)
-    packed = torch.cat([code_bytes, scales.view(num_rows, -1).view(torch.uint8)], dim=1)
+        halves = (codes + 8).to(torch.uint8).view(num_rows, -1, 2, fmt.block_size // 2)
+        code_bytes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).view(num_rows, numel // 2)
+    return code_bytes, (absmax / fmt.max_code).view(num_rows, -1)
+
+
+def pack(code_bytes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """One uint8 buffer per row, [K, codes | scales], so one collective carries both."""
+    return torch.cat([code_bytes, scales.view(torch.uint8)], dim=1)
+
+
+@functools.cache
+def _compiled_quantize_blocks():
+    return torch.compile(quantize_blocks, dynamic=False)
+
+
+def quantize_compiled(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """:func:`quantize` with the kernel through ``torch.compile`` (the first call per shape
+    compiles, which takes seconds). Same codes as :func:`quantize`."""
+    rows = values.reshape(-1, values.shape[-1]) if values.dim() > 1 else values.view(1, -1)
+    packed = pack(*_compiled_quantize_blocks()(rows, fmt))
     return packed if values.dim() > 1 else packed.view(-1)
 
 
@@ -79,9 +105,15 @@ def dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int, dtype: torch.
     if fmt.bits == 8:
         codes = code_bytes.contiguous().view(torch.int8)
     else:
-        low = (code_bytes & 0xF).to(torch.int8) - 8
-        high = (code_bytes >> 4).to(torch.int8) - 8
-        codes = torch.stack([low, high], dim=-1).view(num_rows, numel)
+        per_block = code_bytes.reshape(num_rows, -1, fmt.block_size // 2)
+        low = (per_block & 0xF).to(torch.int8) - 8
+        high = (per_block >> 4).to(torch.int8) - 8
+        codes = torch.stack([low, high], dim=2).view(num_rows, numel)
     blocks = codes.view(num_rows, numel // fmt.block_size, fmt.block_size).float() * scales.unsqueeze(-1)
     values = blocks.view(num_rows, numel).to(dtype)
     return values if packed.dim() > 1 else values.view(-1)
+
+
+def quantizer(compiled: bool):
+    """The quantize function to use: compiled or eager, which produce the same codes."""
+    return quantize_compiled if compiled else quantize

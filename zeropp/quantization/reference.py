@@ -19,15 +19,18 @@ def reference_quantize(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     for start in range(0, values.numel(), fmt.block_size):
         block = values[start : start + fmt.block_size]
         absmax = block.abs().max()
-        scale = absmax / fmt.max_code if absmax > 0 else torch.tensor(1.0)
-        scales.append(scale.reshape(1))
+        inverse = fmt.max_code / absmax if absmax > 0 else torch.tensor(0.0)
+        scales.append((absmax / fmt.max_code).reshape(1))
         for value in block:
-            code = int(torch.round(value / scale).clamp(-fmt.max_code, fmt.max_code))
-            codes.append(code)
+            codes.append(int(torch.round(value * inverse)))
     if fmt.bits == 8:
         code_bytes = [code & 0xFF for code in codes]  # two's complement byte of the int8
     else:
-        code_bytes = [(codes[i] + 8) | ((codes[i + 1] + 8) << 4) for i in range(0, len(codes), 2)]
+        half = fmt.block_size // 2
+        code_bytes = []
+        for start in range(0, len(codes), fmt.block_size):
+            for j in range(half):  # element j low, element j + B/2 high
+                code_bytes.append((codes[start + j] + 8) | ((codes[start + half + j] + 8) << 4))
     scale_bytes = torch.cat(scales).view(torch.uint8)
     return torch.cat([torch.tensor(code_bytes, dtype=torch.uint8), scale_bytes])
 
@@ -36,11 +39,14 @@ def reference_dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int) -> 
     """packed uint8 [P] -> fp32 [numel]."""
     code_nbytes = fmt.code_nbytes(numel)
     scales = packed[code_nbytes:].clone().view(torch.float32)
+    code_bytes = packed[:code_nbytes].tolist()
     codes: list[int] = []
-    for byte in packed[:code_nbytes].tolist():
-        if fmt.bits == 8:
-            codes.append(byte - 256 if byte > 127 else byte)
-        else:
-            codes.extend([(byte & 0xF) - 8, (byte >> 4) - 8])
+    if fmt.bits == 8:
+        codes = [byte - 256 if byte > 127 else byte for byte in code_bytes]
+    else:
+        half = fmt.block_size // 2
+        for start in range(0, len(code_bytes), half):
+            block = code_bytes[start : start + half]
+            codes.extend([(byte & 0xF) - 8 for byte in block] + [(byte >> 4) - 8 for byte in block])
     values = torch.tensor(codes, dtype=torch.float32)
     return values * scales.repeat_interleave(fmt.block_size)
