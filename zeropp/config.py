@@ -91,6 +91,14 @@ class ZeroConfig:
             return self.compute_torch_dtype
         return parse_dtype("reduce_dtype", self.reduce_dtype)
 
+    def check_layout(self, ranks_per_node: int) -> None:
+        """Errors that need the layout: hpz_size must divide the ranks per node."""
+        if ranks_per_node % self.hpz_size != 0:
+            allowed = [h for h in range(1, ranks_per_node + 1) if ranks_per_node % h == 0]
+            raise ValueError(
+                f"hpz_size={self.hpz_size} must divide the ranks per node ({ranks_per_node}); allowed values: {allowed}"
+            )
+
     @property
     def weight_format(self) -> BlockFormat:
         return BlockFormat(self.weight_bits, self.quantization_block_size)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from ..accounting import format_table
 from ..config import DTYPES, ZeroConfig
+from ..deepspeed_config import load_deepspeed_config
+from ..topology import Layout
 from ..launch import init_from_torchrun, spawn_ranks
 from ..train import TrainConfig, train
 from ..train.loop import write_summary
@@ -33,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--precision", default="fp32", help=f"compute dtype: {', '.join(DTYPES)}")
     trainer.add_argument("--reduce-dtype", default=None, help="gradient communication dtype (default: compute dtype)")
     trainer.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    trainer.add_argument("--qwz", action="store_true", help="quantized weight all-gather (INT8 by default)")
+    trainer.add_argument("--hpz", type=int, default=1, help="hpZ group size (1 = off; must divide ranks per node)")
+    trainer.add_argument("--qgz", action="store_true", help="quantized two-hop gradient reduce-scatter")
+    trainer.add_argument("--weight-bits", type=int, default=8)
+    trainer.add_argument("--gradient-bits", default="4,4", help="qgZ bits intra-node,inter-node")
+    trainer.add_argument("--block-size", type=int, default=256, help="values per quantization block")
+    trainer.add_argument("--deepspeed-config", default=None, help="DeepSpeed-style JSON (zero_optimization, bf16, ...)")
     trainer.add_argument("--world-size", type=int, default=4, help="ranks to start (ignored under torchrun)")
     trainer.add_argument("--ranks-per-node", type=int, default=None, help="default: LOCAL_WORLD_SIZE, or 2 when spawning")
     trainer.add_argument("--seed", type=int, default=0)
@@ -78,12 +87,13 @@ def run_training(args) -> int:
     ranks_per_node = args.ranks_per_node
     if ranks_per_node is None and not under_torchrun:
         ranks_per_node = 2 if args.world_size % 2 == 0 else 1
+    zero, training = _zero_config(args)
     config = TrainConfig(
-        model_size=args.model, steps=args.steps, batch_per_rank=args.batch_per_rank, seq_len=args.seq_len,
-        accumulation=args.accumulation, learning_rate=args.lr, seed=args.seed, ranks_per_node=ranks_per_node,
-        metrics_path=str(out / "metrics.jsonl"),
-        zero=ZeroConfig(compute_dtype=args.precision, reduce_dtype=args.reduce_dtype,
-                        activation_checkpointing=args.checkpointing),
+        model_size=args.model, steps=args.steps, seq_len=args.seq_len, learning_rate=args.lr, seed=args.seed,
+        batch_per_rank=training.get("train_micro_batch_size_per_gpu", args.batch_per_rank),
+        accumulation=training.get("gradient_accumulation_steps", args.accumulation),
+        clip=training.get("gradient_clipping", 1.0),
+        ranks_per_node=ranks_per_node, metrics_path=str(out / "metrics.jsonl"), zero=zero,
     )
     if under_torchrun:
         rank, world_size = init_from_torchrun()
@@ -91,12 +101,26 @@ def run_training(args) -> int:
         if rank != 0:
             return 0
     else:
-        if args.world_size < 1:
-            raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
+        config.zero.check_layout(Layout(args.world_size, ranks_per_node).ranks_per_node)
         summary = spawn_ranks(train, args.world_size, (config,), timeout_s=24 * 3600)[0]
     write_summary(summary, out / "summary.json")
     print(_report(summary, out))
     return 0
+
+
+def _zero_config(args) -> tuple[ZeroConfig, dict]:
+    if args.deepspeed_config:
+        return load_deepspeed_config(args.deepspeed_config)
+    try:
+        intra, inter = (int(bits) for bits in args.gradient_bits.split(","))
+    except ValueError:
+        raise ValueError(f"--gradient-bits={args.gradient_bits!r} must look like 4,4 (intra,inter)") from None
+    zero = ZeroConfig(
+        compute_dtype=args.precision, reduce_dtype=args.reduce_dtype, activation_checkpointing=args.checkpointing,
+        quantized_weights=args.qwz, weight_bits=args.weight_bits, hpz_size=args.hpz, quantized_gradients=args.qgz,
+        gradient_bits_intra_node=intra, gradient_bits_inter_node=inter, quantization_block_size=args.block_size,
+    )
+    return zero, {}
 
 
 def _report(summary: dict, out: Path) -> str:
@@ -104,7 +128,8 @@ def _report(summary: dict, out: Path) -> str:
     lines = [
         f"model: GPT {config['model_size']}, {config['num_parameters']:,} parameters; "
         f"world: {config['world_size']} ranks = {config['num_nodes']} nodes x {config['ranks_per_node']}; "
-        f"precision: {config['zero']['compute_dtype']}",
+        f"precision: {config['zero']['compute_dtype']}; qwZ {config['zero']['quantized_weights']}, "
+        f"hpZ size {config['zero']['hpz_size']}, qgZ {config['zero']['quantized_gradients']}",
         f"train loss {summary['final_train_loss']:.4f}   validation loss {summary['validation_loss']:.4f}   "
         f"{summary['tokens_per_s']:,.0f} tokens/s (median step)",
         "",

@@ -47,6 +47,7 @@ class ShardedModel(nn.Module):
         self.module = module
         self.topology = topology
         self.config = config or ZeroConfig()
+        self.config.check_layout(topology.ranks_per_node)
         self.comm_log = CommLog(topology.layout, topology.rank)
         self._comm = Communicator(self.comm_log)
         self._world = topology.group("world")
