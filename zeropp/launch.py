@@ -9,6 +9,7 @@ in each and returns every rank's return value. A rank that raises, dies or outli
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import tempfile
 import time
@@ -42,13 +43,25 @@ def spawn_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 600.0,
             while not context.join(timeout=0.5):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"ranks did not finish within {timeout_s:.0f}s")
-        except mp.ProcessRaisedException as error:
-            raise RuntimeError(f"a rank failed:\n{error}") from None
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+            _reraise_rank_error(Path(folder), world_size, error)
         finally:
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
         return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def _reraise_rank_error(folder: Path, world_size: int, error: Exception) -> None:
+    """Raise the exception of the lowest failing rank as itself (so callers can catch a
+    ValueError as a ValueError), noting the rank; else the launcher's own error."""
+    for rank in range(world_size):
+        path = folder / f"rank{rank}.error"
+        if path.exists():
+            original = pickle.loads(path.read_bytes())
+            original.add_note(f"(raised on rank {rank} of {world_size})")
+            raise original from None
+    raise RuntimeError(f"a rank failed:\n{error}") from None
 
 
 def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank) -> None:
@@ -59,8 +72,12 @@ def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank) -> No
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, Path(folder) / f"rank{rank}.pt")
-    except Exception:
+    except Exception as error:
         traceback.print_exc()
+        try:
+            (Path(folder) / f"rank{rank}.error").write_bytes(pickle.dumps(error))
+        except Exception:  # an exception that does not pickle: the traceback above remains
+            pass
         raise
     finally:
         dist.destroy_process_group()

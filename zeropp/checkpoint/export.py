@@ -1,0 +1,52 @@
+"""Consolidated export: one safetensors file that plain PyTorch loads into the unsharded
+model, written parameter by parameter so peak memory stays near the largest parameter
+rather than the whole model (let alone W copies of it).
+
+safetensors layout: 8-byte little-endian header length, a JSON header naming each
+tensor's dtype, shape and byte range, then the raw little-endian data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+from .format import read_metadata, resolve_checkpoint
+from .layout import RankFiles, read_positions
+
+
+def export_consolidated(checkpoint: str | Path, output: str | Path) -> Path:
+    folder = resolve_checkpoint(checkpoint)
+    metadata = read_metadata(folder)
+    files = RankFiles(folder, metadata)
+    entries = []  # (name, flat index, shard numel, offset, numel, shape), one per name
+    for index, flat in enumerate(metadata["flats"]):
+        for slot in flat["slots"]:
+            for name in slot["names"]:  # tied weights appear under each of their names
+                entries.append((name, index, flat["shard_numel"], slot["offset"], slot["numel"], slot["shape"]))
+    entries.sort()
+    header, position = {}, 0
+    for name, _, _, _, numel, shape in entries:
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [position, position + 4 * numel]}
+        position += 4 * numel
+    header["__metadata__"] = {"format": "pt", "zeropp_step": str(metadata["step"])}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    output = Path(output)
+    temporary = output.with_name(f".{output.name}.partial")
+    with open(temporary, "wb") as handle:
+        handle.write(struct.pack("<Q", len(encoded)))
+        handle.write(encoded)
+        for _, index, shard_numel, offset, numel, _ in entries:
+            values = read_positions(files, index, shard_numel, offset, offset + numel, "master")
+            handle.write(values.contiguous().numpy().tobytes())
+            del values
+    temporary.replace(output)
+    return output
+
+
+def model_bytes(metadata: dict) -> int:
+    """fp32 bytes of the model's distinct parameters (tied weights once)."""
+    return sum(4 * math.prod(slot["shape"]) for flat in metadata["flats"] for slot in flat["slots"])
