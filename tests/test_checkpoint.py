@@ -202,3 +202,44 @@ def test_checkpoint_from_another_model_is_rejected(saved_2x2):
     root, _, _ = saved_2x2
     with pytest.raises(CheckpointError, match="shape differs"):
         spawn_ranks(load_into_small, 1, (str(root),))
+
+
+def save_medium(rank, world_size, root):
+    model, optimizer = build(Topology.from_environment(ranks_per_node=2), size="medium")
+    save_checkpoint(model, optimizer, root, step=0)
+
+
+def test_export_streams_below_twice_the_model_size(tmp_path):
+    spawn_ranks(save_medium, 4, (str(tmp_path / "ckpt"),))
+    snippet = (
+        "import json, sys; from zeropp.cli.main import measure_export; "
+        "print(json.dumps(measure_export(sys.argv[1], sys.argv[2])))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", snippet, str(tmp_path / "ckpt"), str(tmp_path / "medium.safetensors")],
+        capture_output=True, text=True, check=True,
+    )
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["model_bytes"] > 40e6  # the medium GPT, about 10.7M fp32 parameters
+    assert report["peak_rss_increase_bytes"] < 2 * report["model_bytes"], report
+
+
+def train_job(rank, world_size, config):
+    from zeropp.train import train as run_training
+
+    return run_training(rank, world_size, config)["losses"]
+
+
+def test_training_job_resumes_after_a_crash(tmp_path):
+    from dataclasses import replace
+
+    from zeropp.train import TrainConfig
+
+    config = TrainConfig(
+        model_size="tiny", steps=6, batch_per_rank=2, seq_len=32, eval_every=6, ranks_per_node=2,
+        checkpoint_dir=str(tmp_path), checkpoint_every=3,
+    )
+    uninterrupted = spawn_ranks(train_job, 4, (config,))[0]
+    (tmp_path / "latest").write_text("step_00000003\n")  # as if the job died during step 4
+    resumed = spawn_ranks(train_job, 4, (replace(config, resume=True),))[0]
+    assert resumed == uninterrupted[3:]

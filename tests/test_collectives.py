@@ -20,12 +20,12 @@ def compare(rank, world_size):
             generator = torch.Generator().manual_seed(rank * 31 + 7)
             shard = torch.randn(13, generator=generator).to(dtype)
             gathered = torch.empty(13 * group.size, dtype=dtype)
-            work = communicator.all_gather(gathered, shard, group, "test", async_op=True)
+            work = communicator.all_gather(gathered, shard, group, "test")
             work.wait()
             assert torch.equal(gathered, reference_all_gather(shard, group)), (group_name, dtype)
 
             flat = torch.randn(group.size * 11, generator=generator).to(dtype)
-            mine = communicator.reduce_scatter_mean(flat, group, "test", async_op=True).wait()
+            mine = communicator.reduce_scatter_mean(flat, group, "test").wait()
             reference = reference_reduce_scatter_mean(flat, group, member)
             results.append((group_name, str(dtype), (mine - reference).abs().max().item()))
     return results

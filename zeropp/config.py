@@ -62,6 +62,8 @@ class ZeroConfig:
     """qgZ pipelines each bucket in this many chunks so the two hops overlap."""
     compile_quantization: bool = False
     """Run the quantization kernel through torch.compile (fast; compiles once per shape)."""
+    debug_collective_order: bool = False
+    """Before every collective, check that all ranks issue the same one (slow; for hangs)."""
 
     def __post_init__(self) -> None:
         parse_dtype("compute_dtype", self.compute_dtype)

@@ -14,6 +14,7 @@ import socket
 import tempfile
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -27,13 +28,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def spawn_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 600.0, threads_per_rank: int = 1):
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` new gloo ranks; return results."""
+def spawn_ranks(
+    fn, world_size: int, args: tuple = (), timeout_s: float = 600.0, threads_per_rank: int = 1,
+    collective_timeout_s: float = 300.0,
+):
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` new gloo ranks; return every
+    rank's result (None for a rank that exited without one). ``collective_timeout_s`` is the
+    world process group's timeout."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="zeropp-ranks-") as folder:
         context = mp.start_processes(
             _rank_main,
-            args=(fn, world_size, args, port, folder, threads_per_rank),
+            args=(fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s),
             nprocs=world_size,
             join=False,
             start_method="spawn",
@@ -49,7 +55,8 @@ def spawn_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 600.0,
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
-        return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+        paths = [Path(folder) / f"rank{r}.pt" for r in range(world_size)]
+        return [torch.load(path, weights_only=False) if path.exists() else None for path in paths]
 
 
 def _reraise_rank_error(folder: Path, world_size: int, error: Exception) -> None:
@@ -64,14 +71,16 @@ def _reraise_rank_error(folder: Path, world_size: int, error: Exception) -> None
     raise RuntimeError(f"a rank failed:\n{error}") from None
 
 
-def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank) -> None:
+def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s) -> None:
     torch.set_num_threads(threads_per_rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    timeout = timedelta(seconds=collective_timeout_s)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, Path(folder) / f"rank{rank}.pt")
+        _wait_for_peers()
     except Exception as error:
         traceback.print_exc()
         try:
@@ -83,10 +92,20 @@ def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank) -> No
         dist.destroy_process_group()
 
 
-def init_from_torchrun() -> tuple[int, int]:
+def _wait_for_peers() -> None:
+    """Tear down only when every rank is done: a rank that closes its connections while a
+    peer still reads from them makes gloo abort that peer. A peer that is gone already
+    (a failure the caller handled) has nothing left to protect."""
+    try:
+        dist.barrier()
+    except RuntimeError:
+        pass
+
+
+def init_from_torchrun(collective_timeout_s: float = 300.0) -> tuple[int, int]:
     """Join the world torchrun describes in the environment (gloo on CPU, NCCL on CUDA)."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout_s))
     return dist.get_rank(), dist.get_world_size()

@@ -38,3 +38,21 @@ def resting_bytes_sharded(model, optimizer) -> int:
         tensors.append(flat.compute_shard())
         tensors.append(flat.full)
     return storage_bytes(tensors + optimizer_state_tensors(optimizer.optimizer))
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} is not in /proc/self/status")
+
+
+def peak_rss_increase(fn):
+    """Run ``fn()``; return its result and the peak resident-set growth in bytes while it ran
+    (Linux: VmHWM is reset through /proc/self/clear_refs before the call)."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    before = _status_kib("VmRSS")
+    result = fn()
+    return result, (_status_kib("VmHWM") - before) * 1024

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from datetime import timedelta
+
 import torch.distributed as dist
 
 
@@ -73,18 +75,21 @@ class Topology:
     explicitly to whatever communicates; there are no module-level group globals.
     """
 
-    def __init__(self, layout: Layout, rank: int, groups: dict[str, Group]) -> None:
+    def __init__(self, layout: Layout, rank: int, groups: dict[str, Group], timeout_s: float | None = None) -> None:
         assert 0 <= rank < layout.world_size
         self.layout = layout
         self.rank = rank
         self._groups = groups
+        self._timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
 
     @classmethod
-    def from_environment(cls, ranks_per_node: int | None = None) -> "Topology":
+    def from_environment(cls, ranks_per_node: int | None = None, timeout_s: float | None = None) -> "Topology":
         """Create the groups for the current process group world.
 
         ``ranks_per_node`` defaults to torchrun's ``LOCAL_WORLD_SIZE`` (or the whole world
         when that is unset). Every rank must call this collectively, with the same value.
+        ``timeout_s`` bounds every collective on the groups created here (a crashed or hung
+        peer then ends in an error instead of a hang); give ``init_process_group`` the same.
         """
         if not dist.is_initialized():
             raise ValueError("torch.distributed is not initialized; call init_process_group first")
@@ -94,18 +99,19 @@ class Topology:
         layout = Layout(world_size, ranks_per_node)
         rank = dist.get_rank()
         groups = {"world": Group("world", tuple(range(world_size)), dist.group.WORLD)}
+        timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
         # new_group is collective over the whole world: every rank creates every group.
         for node in range(layout.num_nodes):
             ranks = layout.intra_node_ranks(node)
-            handle = dist.new_group(ranks)
+            handle = dist.new_group(ranks, timeout=timeout)
             if rank in ranks:
                 groups["intra_node"] = Group("intra_node", tuple(ranks), handle)
         for local_index in range(layout.ranks_per_node):
             ranks = layout.inter_node_ranks(local_index)
-            handle = dist.new_group(ranks)
+            handle = dist.new_group(ranks, timeout=timeout)
             if rank in ranks:
                 groups["inter_node"] = Group("inter_node", tuple(ranks), handle)
-        return cls(layout, rank, groups)
+        return cls(layout, rank, groups, timeout_s)
 
     def hpz_group(self, hpz_size: int) -> Group:
         """The group of ``hpz_size`` consecutive ranks inside this rank's node that share a
@@ -120,7 +126,7 @@ class Topology:
                 )
             for first in range(0, self.world_size, hpz_size):
                 ranks = list(range(first, first + hpz_size))
-                handle = dist.new_group(ranks) if hpz_size > 1 else None
+                handle = dist.new_group(ranks, timeout=self._timeout) if hpz_size > 1 else None
                 if self.rank in ranks:
                     self._groups[name] = Group(name, tuple(ranks), handle)
         return self._groups[name]

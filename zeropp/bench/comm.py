@@ -56,7 +56,8 @@ def measure_variants(rank: int, world_size: int, ranks_per_node: int, model_size
 
 def _phases(totals: dict) -> dict:
     keys = ("received_intra_node", "received_inter_node")
-    return {phase: {key: row[key] for key in keys} for phase, row in totals.items() if phase != "grad_norm"}
+    main = ("forward_gather", "backward_gather", "reduce_scatter")
+    return {phase: {key: row[key] for key in keys} for phase, row in totals.items() if phase in main}
 
 
 def step_totals(phases: dict) -> dict[str, int]:

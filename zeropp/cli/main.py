@@ -42,10 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--gradient-bits", default="4,4", help="qgZ bits intra-node,inter-node")
     trainer.add_argument("--block-size", type=int, default=256, help="values per quantization block")
     trainer.add_argument("--deepspeed-config", default=None, help="DeepSpeed-style JSON (zero_optimization, bf16, ...)")
+    trainer.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
+    trainer.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
+    trainer.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    trainer.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait for a peer")
     trainer.add_argument("--world-size", type=int, default=4, help="ranks to start (ignored under torchrun)")
     trainer.add_argument("--ranks-per-node", type=int, default=None, help="default: LOCAL_WORLD_SIZE, or 2 when spawning")
     trainer.add_argument("--seed", type=int, default=0)
     trainer.add_argument("--out", default="runs/train", help="folder for metrics.jsonl and summary.json")
+    export = commands.add_parser("export", help="write one consolidated safetensors file from a sharded checkpoint")
+    export.add_argument("checkpoint", help="a checkpoint folder, or a root whose 'latest' names one")
+    export.add_argument("output", help="path of the .safetensors file to write")
     bench = commands.add_parser("bench", help="benchmarks and reports").add_subparsers(dest="bench", required=True)
     comm = bench.add_parser("comm", help="bytes per step of ZeRO-3 and ZeRO++ variants, measured and predicted")
     comm.add_argument("--model", default="small", help="GPT size: tiny, small, medium")
@@ -64,10 +71,33 @@ def main(argv: list[str] | None = None) -> int:
             args = build_parser().parse_args(["train", "--out", "runs/demo"])
         if args.command == "bench":
             return _run_bench(args)
+        if args.command == "export":
+            return _run_export(args)
         return run_training(args)
     except ValueError as error:
         print(f"zeropp: error: {error}", file=sys.stderr)
         return 2
+
+
+def _run_export(args) -> int:
+    report = measure_export(args.checkpoint, args.output)
+    print(
+        f"wrote {report['output']}: {report['model_bytes'] / 1e6:.1f} MB of fp32 parameters; "
+        f"peak memory +{report['peak_rss_increase_bytes'] / 1e6:.1f} MB "
+        f"({report['peak_rss_increase_bytes'] / report['model_bytes']:.2f}x the model)"
+    )
+    return 0
+
+
+def measure_export(checkpoint, output) -> dict:
+    from ..checkpoint import export_consolidated, resolve_checkpoint
+    from ..checkpoint.export import model_bytes
+    from ..checkpoint.format import read_metadata
+    from ..memory import peak_rss_increase
+
+    size = model_bytes(read_metadata(resolve_checkpoint(checkpoint)))
+    written, peak = peak_rss_increase(lambda: export_consolidated(checkpoint, output))
+    return {"output": str(written), "model_bytes": size, "peak_rss_increase_bytes": peak}
 
 
 def _run_bench(args) -> int:
@@ -94,15 +124,17 @@ def run_training(args) -> int:
         accumulation=training.get("gradient_accumulation_steps", args.accumulation),
         clip=training.get("gradient_clipping", 1.0),
         ranks_per_node=ranks_per_node, metrics_path=str(out / "metrics.jsonl"), zero=zero,
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
+        collective_timeout_s=args.timeout,
     )
     if under_torchrun:
-        rank, world_size = init_from_torchrun()
+        rank, world_size = init_from_torchrun(args.timeout)
         summary = train(rank, world_size, config)
         if rank != 0:
             return 0
     else:
         config.zero.check_layout(Layout(args.world_size, ranks_per_node).ranks_per_node)
-        summary = spawn_ranks(train, args.world_size, (config,), timeout_s=24 * 3600)[0]
+        summary = spawn_ranks(train, args.world_size, (config,), timeout_s=24 * 3600, collective_timeout_s=args.timeout)[0]
     write_summary(summary, out / "summary.json")
     print(_report(summary, out))
     return 0

@@ -1,4 +1,5 @@
-"""All-gather and reduce-scatter as the engine uses them, with byte accounting.
+"""All-gather, reduce-scatter and all-to-all as the engine uses them, with byte accounting
+and failure reporting.
 
 Reduce-scatter is built from ``all_to_all_single`` plus a local fp32 sum: gloo's
 ``reduce_scatter_tensor`` is an all-reduce in disguise (about twice the bytes), and
@@ -15,13 +16,14 @@ import torch.distributed as dist
 
 from ..accounting import CollectiveRecord, CommLog
 from ..topology import Group
+from .failures import CollectiveCall, TrackedWork, check_same_call
 
 
 @dataclass
 class PendingReduceScatter:
     """An all-to-all in flight; :meth:`wait` returns this rank's averaged shard in fp32."""
 
-    work: object | None
+    work: TrackedWork | None
     received: torch.Tensor  # [group_size * shard_numel], the chunks every member sent us
     group_size: int
 
@@ -37,27 +39,34 @@ class PendingReduceScatter:
 
 
 class Communicator:
-    """Issues collectives on a group and records their bytes in ``comm_log``."""
+    """Issues collectives on a group, records their bytes in ``comm_log``, and in debug mode
+    checks that every member issues the same call."""
 
-    def __init__(self, comm_log: CommLog) -> None:
+    def __init__(self, comm_log: CommLog, check_order: bool = False) -> None:
         self.comm_log = comm_log
+        self.check_order = check_order
 
-    def all_gather(
-        self, output: torch.Tensor, shard: torch.Tensor, group: Group, phase: str, async_op: bool
-    ):
-        """``output`` [group.size * n] receives every member's ``shard`` [n] in rank order."""
+    def _launch(self, op: str, group: Group, phase: str, label: str, tensor: torch.Tensor, launch):
+        call = CollectiveCall(op, group.name, phase, label, tensor.numel(), str(tensor.dtype).removeprefix("torch."))
+        if self.check_order:
+            check_same_call(call, group.handle, group.size)
+        work = launch()
+        return TrackedWork(work, call, self.comm_log.rank, self.comm_log.layout.world_size)
+
+    def all_gather(self, output: torch.Tensor, shard: torch.Tensor, group: Group, phase: str, label: str = ""):
+        """Start gathering every member's ``shard`` [n] into ``output`` [group.size * n] in
+        rank order; returns a work to ``wait`` on (None for a group of one)."""
         assert output.numel() == shard.numel() * group.size, (output.shape, shard.shape)
-        self.comm_log.record_exchange(
-            "all_gather", group.ranks, phase, shard.numel() * shard.element_size()
-        )
+        self.comm_log.record_exchange("all_gather", group.ranks, phase, shard.numel() * shard.element_size())
         if group.size == 1:
             output.copy_(shard)
             return None
-        return dist.all_gather_single(output, shard, group=group.handle, async_op=async_op)
+        return self._launch(
+            "all_gather", group, phase, label, shard,
+            lambda: dist.all_gather_single(output, shard, group=group.handle, async_op=True),
+        )
 
-    def reduce_scatter_mean(
-        self, flat: torch.Tensor, group: Group, phase: str, async_op: bool
-    ) -> PendingReduceScatter:
+    def reduce_scatter_mean(self, flat: torch.Tensor, group: Group, phase: str, label: str = "") -> PendingReduceScatter:
         """Start averaging ``flat`` [group.size * n] over the group; member ``i`` ends with
         the mean of chunk ``i``."""
         assert flat.numel() % group.size == 0
@@ -66,19 +75,33 @@ class Communicator:
         if group.size == 1:
             return PendingReduceScatter(None, flat, 1)
         received = torch.empty_like(flat)
-        work = dist.all_to_all_single(received, flat, group=group.handle, async_op=async_op)
+        work = self._launch(
+            "reduce_scatter", group, phase, label, flat,
+            lambda: dist.all_to_all_single(received, flat, group=group.handle, async_op=True),
+        )
         return PendingReduceScatter(work, received, group.size)
 
-    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: Group, phase: str, async_op: bool):
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: Group, phase: str, label: str = ""):
         """Equal splits: member ``i`` sends row ``j`` of ``input`` [group.size, ...] to member
         ``j`` and receives member ``j``'s row ``i`` into row ``j`` of ``output``."""
         assert input.shape[0] == group.size and output.shape == input.shape
-        chunk_bytes = input[0].numel() * input.element_size()
-        self.comm_log.record_exchange("all_to_all", group.ranks, phase, chunk_bytes)
+        self.comm_log.record_exchange("all_to_all", group.ranks, phase, input[0].numel() * input.element_size())
         if group.size == 1:
             output.copy_(input)
             return None
-        return dist.all_to_all_single(output, input, group=group.handle, async_op=async_op)
+        return self._launch(
+            "all_to_all", group, phase, label, input,
+            lambda: dist.all_to_all_single(output, input, group=group.handle, async_op=True),
+        )
+
+    def all_reduce_sum(self, tensor: torch.Tensor, group: Group, phase: str) -> None:
+        """Blocking sum of a small tensor (norms, flags), recorded as a ring all-reduce."""
+        self.comm_log.record_exchange("all_reduce", group.ranks, phase, tensor.numel() * tensor.element_size())
+        if group.size > 1:
+            self._launch(
+                "all_reduce", group, phase, "", tensor,
+                lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group.handle, async_op=True),
+            ).wait()
 
     def broadcast(self, tensor: torch.Tensor, group: Group, source_rank: int, phase: str) -> None:
         """Broadcast from ``source_rank`` (a global rank); recorded as received by others."""
@@ -86,17 +109,12 @@ class Communicator:
             return
         nbytes = tensor.numel() * tensor.element_size()
         me = self.comm_log.rank
-        same = self.comm_log.layout.same_node(me, source_rank)
         received = 0 if me == source_rank else nbytes
+        same_node = self.comm_log.layout.same_node(me, source_rank)
         self.comm_log.record(
-            CollectiveRecord(
-                op="broadcast",
-                group="world" if group.size == self.comm_log.layout.world_size else group.name,
-                phase=phase,
-                sent_intra_node=0,
-                sent_inter_node=0,
-                received_intra_node=received if same else 0,
-                received_inter_node=0 if same else received,
-            )
+            CollectiveRecord("broadcast", group.name, phase, 0, 0, received if same_node else 0, 0 if same_node else received)
         )
-        dist.broadcast(tensor, src=source_rank, group=group.handle)
+        self._launch(
+            "broadcast", group, phase, "", tensor,
+            lambda: dist.broadcast(tensor, src=source_rank, group=group.handle, async_op=True),
+        ).wait()

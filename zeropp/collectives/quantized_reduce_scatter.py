@@ -38,7 +38,9 @@ class HierarchicalReduceScatter:
         formats: tuple[BlockFormat, BlockFormat],
         num_chunks: int,
         quantizer=quantize,
+        label: str = "",
     ) -> None:
+        self.label = label
         self.quantize = quantizer  # eager or compiled: the same codes
         self.nodes, self.per_node = topology.num_nodes, topology.ranks_per_node
         self.world_size = topology.world_size
@@ -60,7 +62,7 @@ class HierarchicalReduceScatter:
             return None, rows.float()
         packed = self.quantize(rows, self.intra_format)
         received = torch.empty_like(packed)
-        return self.comm.all_to_all(received, packed, self.intra, PHASE, async_op=True), received
+        return self.comm.all_to_all(received, packed, self.intra, PHASE, self.label), received
 
     def _start_inter(self, index: int) -> None:
         work, received = self._intra[index]
@@ -74,7 +76,7 @@ class HierarchicalReduceScatter:
             return
         packed = self.quantize(partial, self.inter_format)
         incoming = torch.empty_like(packed)
-        self._inter[index] = (self.comm.all_to_all(incoming, packed, self.inter, PHASE, async_op=True), incoming)
+        self._inter[index] = (self.comm.all_to_all(incoming, packed, self.inter, PHASE, self.label), incoming)
 
     def progress(self) -> bool:
         """Launch inter-node hops strictly in chunk order (every member of the inter-node

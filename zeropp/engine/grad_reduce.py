@@ -18,7 +18,7 @@ class GradientReducer:
         self.comm = communicator
         self.world = topology.group("world")
 
-    def start(self, flat_grad: torch.Tensor):
+    def start(self, flat_grad: torch.Tensor, label: str = ""):
         """``flat_grad`` [W * S] -> a pending object whose ``wait()`` gives the mean shard
         [S] fp32 and whose ``progress()`` launches what can be launched."""
         if self.config.quantized_gradients:
@@ -29,6 +29,7 @@ class GradientReducer:
                 self.config.gradient_formats,
                 self.config.gradient_chunks,
                 quantizer(self.config.compile_quantization),
+                label,
             )
         to_send = flat_grad.to(self.config.reduce_torch_dtype)
-        return self.comm.reduce_scatter_mean(to_send, self.world, "reduce_scatter", async_op=True)
+        return self.comm.reduce_scatter_mean(to_send, self.world, "reduce_scatter", label)

@@ -49,7 +49,7 @@ class ShardedModel(nn.Module):
         self.config = config or ZeroConfig()
         self.config.check_layout(topology.ranks_per_node)
         self.comm_log = CommLog(topology.layout, topology.rank)
-        self._comm = Communicator(self.comm_log)
+        self._comm = Communicator(self.comm_log, check_order=self.config.debug_collective_order)
         self._world = topology.group("world")
         self._weights = WeightGather(self.config, topology, self._comm)
         self._gradients = GradientReducer(self.config, topology, self._comm)
@@ -58,6 +58,7 @@ class ShardedModel(nn.Module):
         self._backward_order = ExecutionOrder()
         self._in_backward = False
         self._pending_reductions: list = []
+        self.nonfinite_units: list[str] = []  # units whose local gradient had NaN/inf
         if self.config.sync_module_states:
             self._broadcast_buffers()
         self._register_hooks()
@@ -109,6 +110,11 @@ class ShardedModel(nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    @property
+    def communicator(self) -> Communicator:
+        """The accounted communicator of this model (for collectives outside the engine)."""
+        return self._comm
+
     def master_parameters(self) -> list[nn.Parameter]:
         """The fp32 shards the optimizer steps on (trainable parameters only)."""
         return [flat.master for unit in self.units for flat in unit.flats if flat.requires_grad]
@@ -139,7 +145,9 @@ class ShardedModel(nn.Module):
         state = {}
         for flat in self.flat_params():
             gathered = torch.empty(flat.padded_numel, dtype=torch.float32, device=flat.master.device)
-            self._comm.all_gather(gathered, flat.master.detach(), self._world, "state_dict", False)
+            work = self._comm.all_gather(gathered, flat.master.detach(), self._world, "state_dict", flat.name)
+            if work is not None:
+                work.wait()
             state.update({k: v.clone() for k, v in flat.full_values(gathered).items()})
         return state
 
@@ -213,7 +221,9 @@ class ShardedModel(nn.Module):
     def _on_grad_ready(self, flat: FlatParam, full: torch.Tensor) -> None:
         grad = full.grad  # [padded_numel], compute dtype
         full.grad = None
-        self._pending_reductions.append((flat, self._gradients.start(grad)))
+        if not torch.isfinite(grad).all():  # name the source before the reduction spreads it
+            self.nonfinite_units.append(flat.name)
+        self._pending_reductions.append((flat, self._gradients.start(grad, flat.name)))
         flat.free_full()
         for _, pending in self._pending_reductions:  # in order: hops must match across ranks
             if not pending.progress():

@@ -43,12 +43,12 @@ class WeightGather:
         group = self.hpz if use_secondary else self.world
         payload = flat.secondary if use_secondary else self._primary_payload(flat)
         if self.format is None:
-            work = self.comm.all_gather(flat.full_data, payload, group, phase, async_op=True)
+            work = self.comm.all_gather(flat.full_data, payload, group, phase, flat.name)
             return PendingGather(work, None, not use_secondary)
         packed = torch.empty(
             self.world.size * self.format.packed_nbytes(flat.shard_numel), dtype=torch.uint8, device=payload.device
         )
-        work = self.comm.all_gather(packed, payload, group, phase, async_op=True)
+        work = self.comm.all_gather(packed, payload, group, phase, flat.name)
         return PendingGather(work, packed, not use_secondary)
 
     def finish(self, flat: FlatParam, pending: PendingGather) -> None:

@@ -13,8 +13,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..accounting import CollectiveRecord
 from ..engine import ShardedModel
+
+
+NONFINITE_POLICIES = ("skip", "raise")
 
 
 class ShardedOptimizer:
@@ -24,9 +26,14 @@ class ShardedOptimizer:
         self,
         model: ShardedModel,
         optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        on_nonfinite: str = "skip",
     ) -> None:
+        if on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite={on_nonfinite!r}; allowed values: {list(NONFINITE_POLICIES)}")
         self.model = model
         self.optimizer = optimizer_factory(model.master_parameters())
+        self.on_nonfinite = on_nonfinite
+        self.skipped_steps = 0
 
     @property
     def param_groups(self):
@@ -47,25 +54,47 @@ class ShardedOptimizer:
         for grad in grads:
             local += grad.double().pow(2).sum().cpu()
         total = local.to(self.model.master_parameters()[0].device)
-        self._record_norm_all_reduce(total)
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.model.topology.group("world").handle)
+        self.model.communicator.all_reduce_sum(total, self.model.topology.group("world"), "grad_norm")
         norm = total.sqrt().float()
         coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for grad in grads:
             grad.mul_(coefficient.to(grad.device))
         return norm
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """Step unless some rank has a NaN or inf gradient: then skip (count it in
+        ``skipped_steps``) or raise, per ``on_nonfinite``. Returns whether it stepped."""
+        sources = self._nonfinite_sources()
+        if sources:
+            self.skipped_steps += 1
+            if self.on_nonfinite == "raise":
+                raise FloatingPointError(f"non-finite gradients, by rank and unit: {sources}; the step was not applied")
+            self.zero_grad()
+            return False
         self.optimizer.step()
         self.model.on_weights_changed()
+        return True
+
+    def _nonfinite_sources(self) -> dict[int, list[str]]:
+        """{rank: units} of every rank whose local gradients had NaN or inf this step
+        ({-1: [...]} when only the reduction overflowed)."""
+        topology = self.model.topology
+        local = list(self.model.nonfinite_units)
+        self.model.nonfinite_units.clear()
+        # flags[r]: rank r's own gradients were non-finite; flags[-1]: some reduced shard is
+        # (finite inputs can still overflow when summed in a narrow reduce dtype).
+        flags = torch.zeros(topology.world_size + 1, dtype=torch.float32)
+        flags[topology.rank] = float(bool(local))
+        flags[-1] = float(any(not torch.isfinite(p.grad).all() for p in self.model.master_parameters() if p.grad is not None))
+        self.model.communicator.all_reduce_sum(flags, topology.group("world"), "grad_check")
+        if not flags[:-1].any():
+            return {-1: ["<overflow in the gradient reduction>"]} if flags[-1] > 0 else {}
+        everyone = [None] * topology.world_size  # the rare path: gather the unit names
+        dist.all_gather_object(everyone, local, group=topology.group("world").handle)
+        return {rank: units for rank, units in enumerate(everyone) if units}
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
-
-    def _record_norm_all_reduce(self, total: torch.Tensor) -> None:
-        # An 8-byte all-reduce per step; recorded so the step's accounting is complete.
-        world = self.model.topology.group("world")
-        self.model.comm_log.record_exchange("all_reduce", world.ranks, "grad_norm", total.element_size())

@@ -151,6 +151,13 @@ class FlatParam:
         for slot, piece in zip(self.slots, pieces):
             view = piece.view(slot.shape)
             for use in slot.uses:
+                if use.attr in use.module._parameters:
+                    replaced = use.module._parameters[use.attr]
+                    raise ValueError(
+                        f"parameter {slot.names[0]} was replaced after wrapping (now shape "
+                        f"{tuple(replaced.shape) if replaced is not None else None}, wrapped with "
+                        f"{tuple(slot.shape)}); build the model completely before ShardedModel, or wrap it again"
+                    )
                 setattr(use.module, use.attr, view)
 
     def accumulate_grad(self, shard_grad: torch.Tensor) -> None:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from ..checkpoint import load_checkpoint, save_checkpoint
 from ..config import ZeroConfig
 from ..data import ByteCorpus, load_stdlib_corpus
 from ..engine import ShardedModel
@@ -38,6 +39,10 @@ class TrainConfig:
     seed: int = 0
     ranks_per_node: int | None = None
     metrics_path: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # steps between checkpoints; 0 saves only at the end
+    resume: bool = False  # continue from checkpoint_dir's latest checkpoint when there is one
+    collective_timeout_s: float = 300.0
     zero: ZeroConfig = field(default_factory=ZeroConfig)
 
     def __post_init__(self) -> None:
@@ -66,17 +71,21 @@ def learning_rate_at(config: TrainConfig, step: int) -> float:
 def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     """Train the GPT on this rank; returns a summary (identical on every rank)."""
     torch.manual_seed(config.seed)
-    topology = Topology.from_environment(config.ranks_per_node)
+    topology = Topology.from_environment(config.ranks_per_node, timeout_s=config.collective_timeout_s)
     model = ShardedModel(GPT(config.model_config()), topology, config.zero, unit_classes=(Block,))
     optimizer = ShardedOptimizer(
         model, lambda params: torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
     )
     corpus = ByteCorpus(load_stdlib_corpus())
-    metrics = open(config.metrics_path, "w") if rank == 0 and config.metrics_path else None
+    first_step = _maybe_resume(model, optimizer, config)
+    metrics = open(config.metrics_path, "a" if first_step else "w") if rank == 0 and config.metrics_path else None
     tokens_per_step = world_size * config.batch_per_rank * config.seq_len * config.accumulation
-    step_times, losses, comm_table = [], [], {}
+    step_times, losses, comm_table, record = [], [], {}, {}
     # Bars only for a person at a terminal; logs and CI get the metrics file instead.
-    progress = tqdm(range(config.steps), disable=rank != 0 or not sys.stderr.isatty(), desc="train", unit="step")
+    progress = tqdm(
+        range(first_step, config.steps), initial=first_step, total=config.steps,
+        disable=rank != 0 or not sys.stderr.isatty(), desc="train", unit="step",
+    )
     try:
         for step in progress:
             model.comm_log.reset()
@@ -86,25 +95,46 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
             comm_table = model.comm_log.totals_by_phase()
             losses.append(loss)
             record = {"step": step, "loss": loss, "lr": learning_rate_at(config, step),
-                      "tokens_per_s": tokens_per_step / step_times[-1], "comm": comm_table}
+                      "tokens_per_s": tokens_per_step / step_times[-1], "comm": comm_table,
+                      "skipped_steps": optimizer.skipped_steps}
             if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
                 record["validation_loss"] = evaluate(model, corpus, config, rank, world_size)
             progress.set_postfix(loss=f"{loss:.3f}")
             if metrics:
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
+            _maybe_save(model, optimizer, config, step + 1)
     finally:
         if metrics:
             metrics.close()
     timed = step_times[min(5, len(step_times) - 1):]
+    validation = record["validation_loss"] if "validation_loss" in record else evaluate(model, corpus, config, rank, world_size)
     return {
         "config": _describe(config, topology, model),
-        "final_train_loss": losses[-1],
-        "validation_loss": record["validation_loss"],
-        "tokens_per_s": tokens_per_step / statistics.median(timed),
+        "final_train_loss": losses[-1] if losses else None,
+        "validation_loss": validation,
+        "tokens_per_s": tokens_per_step / statistics.median(timed) if timed else None,
         "comm_per_step": comm_table,
         "losses": losses,
+        "first_step": first_step,
+        "skipped_steps": optimizer.skipped_steps,
     }
+
+
+def _maybe_resume(model, optimizer, config: TrainConfig) -> int:
+    """The step to start from: 0, or the step of the latest checkpoint when resuming."""
+    if not (config.resume and config.checkpoint_dir and (Path(config.checkpoint_dir) / "latest").exists()):
+        return 0
+    return load_checkpoint(model, optimizer, config.checkpoint_dir).step
+
+
+def _maybe_save(model, optimizer, config: TrainConfig, completed: int) -> None:
+    """Save after ``completed`` steps on the configured cadence, and at the end."""
+    if not config.checkpoint_dir:
+        return
+    periodic = config.checkpoint_every and completed % config.checkpoint_every == 0
+    if periodic or completed == config.steps:
+        save_checkpoint(model, optimizer, config.checkpoint_dir, step=completed, extra={"data_step": completed})
 
 
 def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> float:
