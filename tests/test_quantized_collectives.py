@@ -7,7 +7,7 @@ import torch
 from zeropp import ShardedModel, Topology, ZeroConfig
 from zeropp.accounting import CommLog
 from zeropp.collectives import Communicator
-from zeropp.collectives.quantized_reduce_scatter import HierarchicalReduceScatter
+from zeropp.collectives.quantized_reduce_scatter import HierarchicalReduceScatter, QgzOptions
 from zeropp.collectives.reference import reference_reduce_scatter_mean
 from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
@@ -79,7 +79,7 @@ def reduce_both_ways(rank, world_size, ranks_per_node, bits, shard):
     # and a result off by a factor (D, W, N) is far outside the error bound.
     flat = common + 0.3 * torch.randn(world_size * shard, generator=generator)
     formats = (BlockFormat(bits[0], BLOCK), BlockFormat(bits[1], BLOCK))
-    pending = HierarchicalReduceScatter(flat, topology, communicator, formats, num_chunks=2)
+    pending = HierarchicalReduceScatter(flat, topology, communicator, QgzOptions(formats, num_chunks=2))
     pending.progress()
     quantized = pending.wait()
     exact = reference_reduce_scatter_mean(flat, topology.group("world"), rank)

@@ -60,6 +60,13 @@ class ZeroConfig:
     """Bits per gradient value on the inter-node hop of qgZ."""
     gradient_chunks: int = 2
     """qgZ pipelines each bucket in this many chunks so the two hops overlap."""
+    gradient_hadamard: int = 0
+    """qgZ: rotate groups of this many values (a power of two, e.g. 32) by a Hadamard
+    transform before quantizing; 0 disables. Sums stay in the rotated domain."""
+    gradient_error_feedback: bool = False
+    """qgZ: carry each rank's inter-node quantization error into its next step (LoCo-style)."""
+    gradient_stochastic_rounding: bool = False
+    """qgZ: round gradient codes stochastically (unbiased) instead of to nearest."""
     compile_quantization: bool = False
     """Run the quantization kernel through torch.compile (fast; compiles once per shape)."""
     debug_collective_order: bool = False
@@ -77,6 +84,7 @@ class ZeroConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self._check_hadamard()
         for name in ("weight_bits", "gradient_bits_intra_node", "gradient_bits_inter_node"):
             try:
                 BlockFormat(getattr(self, name), self.quantization_block_size)
@@ -92,6 +100,16 @@ class ZeroConfig:
         if self.reduce_dtype is None:
             return self.compute_torch_dtype
         return parse_dtype("reduce_dtype", self.reduce_dtype)
+
+    def _check_hadamard(self) -> None:
+        size = self.gradient_hadamard
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"gradient_hadamard must be 0 or a power of two, got {size!r}")
+        if size and (size & (size - 1) or self.quantization_block_size % size):
+            raise ValueError(
+                f"gradient_hadamard={size} must be 0 or a power of two dividing quantization_block_size="
+                f"{self.quantization_block_size}"
+            )
 
     def check_layout(self, ranks_per_node: int) -> None:
         """Errors that need the layout: hpz_size must divide the ranks per node."""

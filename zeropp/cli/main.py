@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--model", default="small", help="GPT size: tiny, small, medium")
     comm.add_argument("--layouts", default="2x2,2x4,4x2", help="comma-separated NODESxRANKS layouts")
     comm.add_argument("--out", default="runs/bench/comm.json")
+    grad_error = bench.add_parser("grad-error", help="qgZ schemes' error on real GPT gradients vs the exact mean")
+    grad_error.add_argument("--steps", type=int, default=8)
+    grad_error.add_argument("--out", default="runs/bench/gradient_error.json")
     quant = bench.add_parser("quant", help="block quantization speed vs copy and error vs per-tensor scales")
     quant.add_argument("--numel", type=int, default=1 << 22)
     quant.add_argument("--out", default="runs/bench/quant.json")
@@ -105,6 +108,10 @@ def _run_bench(args) -> int:
         from ..bench import comm
 
         return comm.main(args)
+    if args.bench == "grad-error":
+        from ..bench import gradient_error
+
+        return gradient_error.main(args)
     from ..bench import quantization
 
     return quantization.main(args)

@@ -17,50 +17,75 @@ travels together, so the intra-node hop of chunk c + 1 overlaps the inter-node h
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from ..quantization import BlockFormat, dequantize, quantize
+from ..quantization.hadamard import hadamard
 from ..topology import Topology
 from .primitives import Communicator
 
 PHASE = "reduce_scatter"
 
 
+@dataclass
+class QgzOptions:
+    formats: tuple[BlockFormat, BlockFormat]  # (intra-node hop, inter-node hop)
+    num_chunks: int = 2
+    quantizer: Callable = quantize  # eager or compiled: the same codes
+    hadamard_size: int = 0  # rotate groups of this many values first; 0: off
+    generator: torch.Generator | None = None  # stochastic rounding when set
+
+
 class HierarchicalReduceScatter:
     """One bucket in flight. ``progress`` launches the inter-node hop of every chunk whose
-    intra-node hop has arrived; ``wait`` finishes everything and returns [S] fp32."""
+    intra-node hop has arrived; ``wait`` finishes everything and returns [S] fp32.
+
+    ``residuals`` (one slot per chunk, kept by the caller between steps) turns on error
+    feedback for the inter-node hop: what quantization dropped from this rank's node
+    partial sums [N, s] is added back before quantizing them next time.
+    """
 
     def __init__(
         self,
         flat_grad: torch.Tensor,
         topology: Topology,
         communicator: Communicator,
-        formats: tuple[BlockFormat, BlockFormat],
-        num_chunks: int,
-        quantizer=quantize,
+        options: QgzOptions,
         label: str = "",
+        residuals: list | None = None,
     ) -> None:
-        self.label = label
-        self.quantize = quantizer  # eager or compiled: the same codes
         self.nodes, self.per_node = topology.num_nodes, topology.ranks_per_node
         self.world_size = topology.world_size
         self.intra = topology.group("intra_node")
         self.inter = topology.group("inter_node")
         self.comm = communicator
-        self.intra_format, self.inter_format = formats
+        self.options = options
+        self.intra_format, self.inter_format = options.formats
+        self.label = label
+        self.residuals = residuals
         shard = flat_grad.numel() // self.world_size
-        assert shard % num_chunks == 0
-        self.chunk = shard // num_chunks  # s
+        assert shard % options.num_chunks == 0
+        self.chunk = shard // options.num_chunks  # s
         # [N, D, C, s] -> [C, D, N, s]: chunk c, destination local rank d, node n.
-        swizzled = flat_grad.view(self.nodes, self.per_node, num_chunks, self.chunk).permute(2, 1, 0, 3)
-        self._intra = [self._start_intra(swizzled[c].reshape(self.per_node, -1)) for c in range(num_chunks)]
-        self._inter: list = [None] * num_chunks
+        swizzled = flat_grad.view(self.nodes, self.per_node, options.num_chunks, self.chunk).permute(2, 1, 0, 3)
+        self._intra = [self._start_intra(swizzled[c].reshape(self.per_node, -1)) for c in range(options.num_chunks)]
+        self._inter: list = [None] * options.num_chunks
+
+    def _quantize(self, rows: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+        if self.options.generator is not None:
+            return quantize(rows, fmt, self.options.generator)
+        return self.options.quantizer(rows, fmt)
 
     def _start_intra(self, rows: torch.Tensor):
         """rows [D, N * s]: row d goes to local rank d."""
+        if self.options.hadamard_size:
+            rows = hadamard(rows, self.options.hadamard_size)
         if self.per_node == 1:
             return None, rows.float()
-        packed = self.quantize(rows, self.intra_format)
+        packed = self._quantize(rows, self.intra_format)
         received = torch.empty_like(packed)
         return self.comm.all_to_all(received, packed, self.intra, PHASE, self.label), received
 
@@ -74,7 +99,11 @@ class HierarchicalReduceScatter:
         if self.nodes == 1:
             self._inter[index] = (None, partial)
             return
-        packed = self.quantize(partial, self.inter_format)
+        if self.residuals is not None and self.residuals[index] is not None:
+            partial = partial + self.residuals[index]
+        packed = self._quantize(partial, self.inter_format)
+        if self.residuals is not None:
+            self.residuals[index] = partial - dequantize(packed, self.inter_format, self.chunk)
         incoming = torch.empty_like(packed)
         self._inter[index] = (self.comm.all_to_all(incoming, packed, self.inter, PHASE, self.label), incoming)
 
@@ -99,5 +128,8 @@ class HierarchicalReduceScatter:
                 work.wait()
             if self.nodes > 1:
                 incoming = dequantize(incoming, self.inter_format, self.chunk)
-            pieces.append(incoming.sum(dim=0))
+            piece = incoming.sum(dim=0)
+            if self.options.hadamard_size:  # the transform is its own inverse
+                piece = hadamard(piece, self.options.hadamard_size)
+            pieces.append(piece)
         return torch.cat(pieces).div_(self.world_size)

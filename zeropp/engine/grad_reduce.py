@@ -5,31 +5,39 @@ from __future__ import annotations
 import torch
 
 from ..collectives import Communicator
-from ..collectives.quantized_reduce_scatter import HierarchicalReduceScatter
+from ..collectives.quantized_reduce_scatter import HierarchicalReduceScatter, QgzOptions
 from ..config import ZeroConfig
 from ..quantization import quantizer
 from ..topology import Topology
 
 
 class GradientReducer:
+    """Starts reductions; owns the qgZ error-feedback residuals, one list per unit."""
+
     def __init__(self, config: ZeroConfig, topology: Topology, communicator: Communicator) -> None:
         self.config = config
         self.topology = topology
         self.comm = communicator
         self.world = topology.group("world")
+        generator = None
+        if config.gradient_stochastic_rounding:  # distinct, reproducible noise per rank
+            generator = torch.Generator().manual_seed(1_000_003 * (topology.rank + 1))
+        self.options = QgzOptions(
+            formats=config.gradient_formats,
+            num_chunks=config.gradient_chunks,
+            quantizer=quantizer(config.compile_quantization),
+            hadamard_size=config.gradient_hadamard,
+            generator=generator,
+        )
+        self.residuals: dict[str, list] = {}
 
     def start(self, flat_grad: torch.Tensor, label: str = ""):
         """``flat_grad`` [W * S] -> a pending object whose ``wait()`` gives the mean shard
         [S] fp32 and whose ``progress()`` launches what can be launched."""
         if self.config.quantized_gradients:
-            return HierarchicalReduceScatter(
-                flat_grad,
-                self.topology,
-                self.comm,
-                self.config.gradient_formats,
-                self.config.gradient_chunks,
-                quantizer(self.config.compile_quantization),
-                label,
-            )
+            residuals = None
+            if self.config.gradient_error_feedback:
+                residuals = self.residuals.setdefault(label, [None] * self.config.gradient_chunks)
+            return HierarchicalReduceScatter(flat_grad, self.topology, self.comm, self.options, label, residuals)
         to_send = flat_grad.to(self.config.reduce_torch_dtype)
         return self.comm.reduce_scatter_mean(to_send, self.world, "reduce_scatter", label)

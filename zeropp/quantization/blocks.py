@@ -48,14 +48,18 @@ class BlockFormat:
         assert numel % self.block_size == 0, f"{numel} values are not whole blocks of {self.block_size}"
 
 
-def quantize(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """``values`` [n] or [K, n] (any float dtype) -> packed uint8 [P] or [K, P]."""
+def quantize(values: torch.Tensor, fmt: BlockFormat, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``values`` [n] or [K, n] (any float dtype) -> packed uint8 [P] or [K, P].
+
+    With a ``generator``, codes are rounded stochastically (``floor(x / step + u)``,
+    ``u ~ U[0, 1)``): unbiased in expectation, at the price of more variance."""
     rows = values.reshape(-1, values.shape[-1]) if values.dim() > 1 else values.view(1, -1)
-    packed = pack(*quantize_blocks(rows, fmt))
+    noise = None if generator is None else torch.rand(rows.shape, generator=generator, device=rows.device)
+    packed = pack(*quantize_blocks(rows, fmt, noise))
     return packed if values.dim() > 1 else packed.view(-1)
 
 
-def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel: ``rows`` [K, n] -> (code bytes uint8 [K, n * bits / 8], scales fp32 [K, n / B]).
 
     Per block: ``scale = absmax / max_code``, ``code = round(x * (max_code / absmax))``
@@ -67,7 +71,11 @@ def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor,
     blocks = rows.float().view(num_rows, numel // fmt.block_size, fmt.block_size)
     absmax = blocks.abs().amax(dim=-1, keepdim=True)  # [K, n/B, 1]
     inverse = torch.where(absmax > 0, fmt.max_code / absmax, torch.zeros_like(absmax))
-    codes = torch.round(blocks * inverse).view(num_rows, numel)
+    scaled = blocks * inverse
+    if noise is None:
+        codes = torch.round(scaled).view(num_rows, numel)
+    else:  # |scaled| <= max_code, so floor(scaled + u) stays within [-max_code, max_code]
+        codes = torch.floor(scaled.view(num_rows, numel) + noise)
     if fmt.bits == 8:
         code_bytes = codes.to(torch.int8).view(torch.uint8)
     else:
