@@ -53,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write one consolidated safetensors file from a sharded checkpoint")
     export.add_argument("checkpoint", help="a checkpoint folder, or a root whose 'latest' names one")
     export.add_argument("output", help="path of the .safetensors file to write")
+    study = commands.add_parser("study", help="long studies").add_subparsers(dest="study", required=True)
+    convergence = study.add_parser("convergence", help="loss under ZeRO-3 and compressed variants, 2 nodes x 2")
+    convergence.add_argument("--model", default="small")
+    convergence.add_argument("--steps", type=int, default=1500)
+    convergence.add_argument("--batch-per-rank", type=int, default=8)
+    convergence.add_argument("--seq-len", type=int, default=128)
+    convergence.add_argument("--lr", type=float, default=2e-3)
+    convergence.add_argument("--eval-every", type=int, default=100)
+    convergence.add_argument("--eval-batches", type=int, default=16)
+    convergence.add_argument("--out", default="runs/convergence")
     bench = commands.add_parser("bench", help="benchmarks and reports").add_subparsers(dest="bench", required=True)
     comm = bench.add_parser("comm", help="bytes per step of ZeRO-3 and ZeRO++ variants, measured and predicted")
     comm.add_argument("--model", default="small", help="GPT size: tiny, small, medium")
@@ -76,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run_bench(args)
         if args.command == "export":
             return _run_export(args)
+        if args.command == "study":
+            from ..study import convergence
+
+            return convergence.main(args)
         return run_training(args)
     except ValueError as error:
         print(f"zeropp: error: {error}", file=sys.stderr)

@@ -140,6 +140,16 @@ class ShardedModel(nn.Module):
             flat.invalidate_copies()
 
     @torch.no_grad()
+    def weight_quantization_error(self) -> float | None:
+        """Relative L2 error of the qwZ-gathered weights against the fp32 masters, over the
+        whole model (collective); None when qwZ is off."""
+        if not self.config.quantized_weights:
+            return None
+        sums = torch.tensor(self._weights.quantization_error_sums(self.flat_params()), dtype=torch.float64)
+        self._comm.all_reduce_sum(sums, self._world, "metrics")
+        return (sums[0] / sums[1]).sqrt().item()
+
+    @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter, unsharded, in fp32, on every rank (gathers the master shards)."""
         state = {}

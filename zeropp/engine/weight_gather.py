@@ -62,6 +62,19 @@ class WeightGather:
         if self.hpz is not None and pending.from_primary:
             flat.secondary = self._secondary_part(pending.packed if pending.packed is not None else flat.full_data)
 
+    def quantization_error_sums(self, flats: list[FlatParam]) -> tuple[float, float]:
+        """(sum of squared errors, sum of squares) of this rank's quantized master shards
+        against the masters: what the qwZ gather hands out, before compute-dtype rounding."""
+        error, norm = 0.0, 0.0
+        if self.format is None:
+            return error, norm
+        for flat in flats:
+            master = flat.master.detach()
+            restored = dequantize(self._primary_payload(flat), self.format, flat.shard_numel)
+            error += (restored - master).pow(2).sum().item()
+            norm += master.pow(2).sum().item()
+        return error, norm
+
     def _primary_payload(self, flat: FlatParam) -> torch.Tensor:
         if self.format is None:
             return flat.compute_shard()

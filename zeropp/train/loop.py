@@ -97,6 +97,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
             record = {"step": step, "loss": loss, "lr": learning_rate_at(config, step),
                       "tokens_per_s": tokens_per_step / step_times[-1], "comm": comm_table,
                       "skipped_steps": optimizer.skipped_steps}
+            if config.zero.quantized_weights:
+                record["weight_quantization_error"] = model.weight_quantization_error()
             if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
                 record["validation_loss"] = evaluate(model, corpus, config, rank, world_size)
             progress.set_postfix(loss=f"{loss:.3f}")

@@ -1,0 +1,1 @@
+"""Studies that take longer than a benchmark: ``zeropp study convergence``."""
