@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write one consolidated safetensors file from a sharded checkpoint")
     export.add_argument("checkpoint", help="a checkpoint folder, or a root whose 'latest' names one")
     export.add_argument("output", help="path of the .safetensors file to write")
+    cluster = commands.add_parser("cluster", help="run a zeropp command over emulated nodes with a shaped link")
+    cluster.add_argument("--nodes", type=int, default=2)
+    cluster.add_argument("--ranks-per-node", type=int, default=2)
+    cluster.add_argument("--bandwidth", type=float, default=None, help="Mbit/s of each node's link (default: unshaped)")
+    cluster.add_argument("--latency", type=float, default=0.0, help="one-way latency added per node link, ms")
+    cluster.add_argument("--timeout", type=float, default=3600.0)
+    cluster.add_argument("arguments", nargs=argparse.REMAINDER, help="the zeropp command to run, after --")
     study = commands.add_parser("study", help="long studies").add_subparsers(dest="study", required=True)
     convergence = study.add_parser("convergence", help="loss under ZeRO-3 and compressed variants, 2 nodes x 2")
     convergence.add_argument("--model", default="small")
@@ -86,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_bench(args)
         if args.command == "export":
             return _run_export(args)
+        if args.command == "cluster":
+            return _run_cluster(args)
         if args.command == "study":
             from ..study import convergence
 
@@ -94,6 +103,26 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"zeropp: error: {error}", file=sys.stderr)
         return 2
+
+
+def _run_cluster(args) -> int:
+    from ..cluster import ClusterSpec
+    from ..cluster.launch import run_on_cluster
+
+    arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
+    if not arguments:
+        raise ValueError("give the zeropp command to run after --, for example: zeropp cluster -- train --steps 20")
+    spec = ClusterSpec(args.nodes, args.ranks_per_node, args.bandwidth, args.latency)
+    try:
+        result = run_on_cluster(spec, arguments, args.timeout)
+    except RuntimeError as error:
+        print(f"zeropp: error: {error}", file=sys.stderr)
+        return 2
+    print(result["output"])
+    for node, counters in enumerate(result["link_bytes"]):
+        print(f"node {node} link: sent {counters['tx_bytes'] / 1e6:.3f} MB, received {counters['rx_bytes'] / 1e6:.3f} MB")
+    print(f"exit codes {result['exit_codes']}; logs in {result['logs']}")
+    return 0 if all(code == 0 for code in result["exit_codes"]) else 1
 
 
 def _run_export(args) -> int:

@@ -1,0 +1,35 @@
+"""The emulated cluster: torchrun in two network namespaces over a shaped link."""
+
+import os
+import subprocess
+
+import pytest
+
+from zeropp.cluster import ClusterSpec
+from zeropp.cluster.launch import run_on_cluster
+
+TRAIN = ["train", "--model", "tiny", "--steps", "3", "--batch-per-rank", "2", "--seq-len", "32"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root; the error path is tested below")
+def test_two_nodes_train_over_a_shaped_link_and_clean_up(tmp_path):
+    result = run_on_cluster(ClusterSpec(2, 2, bandwidth_mbit=200), TRAIN + ["--out", str(tmp_path)], timeout_s=240)
+    assert result["exit_codes"] == [0, 0], result["output"][-2000:]
+    assert "communication per step" in result["output"]
+    for counters in result["link_bytes"]:  # both links carried the inter-node traffic
+        assert counters["tx_bytes"] > 1e6 and counters["rx_bytes"] > 1e6
+    assert result["namespaces_left"] == []
+    assert "zpp" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_bad_specs_are_named():
+    with pytest.raises(ValueError, match="bandwidth_mbit"):
+        ClusterSpec(2, 2, bandwidth_mbit=0)
+    with pytest.raises(ValueError, match="num_nodes"):
+        ClusterSpec(0, 2)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="as root the cluster works (tested above)")
+def test_without_root_the_error_says_what_is_needed(tmp_path):
+    with pytest.raises(RuntimeError, match="needs root"):
+        run_on_cluster(ClusterSpec(2, 2), TRAIN, timeout_s=30)

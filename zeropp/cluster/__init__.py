@@ -1,0 +1,5 @@
+"""An emulated multi-node cluster on one machine: one network namespace per node."""
+
+from .emulated import ClusterSpec, EmulatedCluster
+
+__all__ = ["ClusterSpec", "EmulatedCluster"]

@@ -1,0 +1,136 @@
+"""N emulated nodes on one machine, joined by a bridge, each node's link shaped with tc.
+
+    switch namespace  <tag>-sw : bridge br0, one port p<n> per node
+    node namespaces   <tag>-n<n>: eth0 = 10.<a>.<b>.<n+1>/24, the other end of p<n>
+
+Each node's egress (its eth0) is shaped by tc (tbf; netem for latency) to the chosen bandwidth, so
+traffic between nodes crosses a slow link while traffic inside a node (to its own address)
+stays on the namespace's loopback at memory speed. Names and the subnet carry a random tag,
+so two clusters never collide; everything is removed on exit, also on errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    num_nodes: int
+    ranks_per_node: int
+    bandwidth_mbit: float | None = None  # None: unshaped
+    latency_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1 or self.ranks_per_node < 1:
+            raise ValueError(f"num_nodes and ranks_per_node must be >= 1, got {self.num_nodes}, {self.ranks_per_node}")
+        if self.bandwidth_mbit is not None and self.bandwidth_mbit <= 0:
+            raise ValueError(f"bandwidth_mbit must be positive or None (unshaped), got {self.bandwidth_mbit}")
+        if self.latency_ms < 0:
+            raise ValueError(f"latency_ms must be >= 0, got {self.latency_ms}")
+
+
+def check_privileges() -> None:
+    """A clear error when this machine cannot build namespaces."""
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise RuntimeError(f"zeropp cluster needs the {' and '.join(missing)} command(s) (Debian package iproute2)")
+    if os.geteuid() != 0:
+        raise RuntimeError("zeropp cluster needs root (CAP_NET_ADMIN) to create network namespaces and shape links with tc")
+
+
+def _run(*command: str) -> str:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+class EmulatedCluster:
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.tag = f"zpp{secrets.token_hex(3)}"
+        token = secrets.randbelow(250 * 250)
+        self._subnet = f"10.{token // 250 + 1}.{token % 250 + 1}"
+        self.switch = f"{self.tag}-sw"
+        self.nodes = [f"{self.tag}-n{n}" for n in range(spec.num_nodes)]
+
+    def address(self, node: int) -> str:
+        return f"{self._subnet}.{node + 1}"
+
+    def __enter__(self) -> "EmulatedCluster":
+        check_privileges()
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _build(self) -> None:
+        _run("ip", "netns", "add", self.switch)
+        _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", self.switch, "link", "set", "br0", "up")
+        for index, namespace in enumerate(self.nodes):
+            _run("ip", "netns", "add", namespace)
+            _run("ip", "link", "add", "eth0", "netns", namespace, "type", "veth", "peer", "name", f"p{index}", "netns", self.switch)
+            _run("ip", "-n", self.switch, "link", "set", f"p{index}", "master", "br0", "up")
+            _run("ip", "-n", namespace, "addr", "add", f"{self.address(index)}/24", "dev", "eth0")
+            _run("ip", "-n", namespace, "link", "set", "eth0", "up")
+            _run("ip", "-n", namespace, "link", "set", "lo", "up")
+            self._shape(namespace)
+
+    def _shape(self, namespace: str) -> None:
+        """Token bucket on the node's egress: the link's bandwidth. Latency needs netem,
+        which not every kernel has; asking for it where it is missing is an error."""
+        spec = self.spec
+        if spec.latency_ms:
+            command = ["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:",
+                       "netem", "delay", f"{spec.latency_ms}ms"]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"latency needs the netem qdisc, which this kernel lacks ({result.stderr.strip()})")
+        if spec.bandwidth_mbit is not None:
+            parent = ["parent", "1:1"] if spec.latency_ms else ["root"]
+            burst = max(32_000, int(spec.bandwidth_mbit * 1e6 / 8 / 250))  # >= one timer tick of data
+            _run("ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0", *parent, "tbf",
+                 "rate", f"{spec.bandwidth_mbit}mbit", "burst", str(burst), "latency", "200ms")
+
+    def interface_bytes(self) -> list[dict[str, int]]:
+        """Bytes each node's link sent and received so far (its eth0 counters)."""
+        counters = []
+        for namespace in self.nodes:
+            read = lambda name: int(_run("ip", "netns", "exec", namespace, "cat", f"/sys/class/net/eth0/statistics/{name}"))
+            counters.append({"tx_bytes": read("tx_bytes"), "rx_bytes": read("rx_bytes")})
+        return counters
+
+    def popen(self, node: int, command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``command`` inside node ``node``'s namespace, output to ``log``."""
+        handle = open(log, "w")
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.nodes[node], *command],
+            stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True,
+        )
+
+    def close(self) -> None:
+        """Kill every process left in the namespaces, then delete them (and their links)."""
+        for namespace in [*self.nodes, self.switch]:
+            pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), 9)
+                except (ProcessLookupError, ValueError):
+                    pass
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+
+    def existing_namespaces(self) -> list[str]:
+        listed = _run("ip", "netns", "list")
+        return [line.split()[0] for line in listed.splitlines() if line.startswith(self.tag)]
