@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
 from zeropp.config import parse_dtype
 from zeropp.launch import spawn_ranks
-from zeropp.memory import optimizer_state_tensors, storage_bytes
+from zeropp.memory import optimizer_state_tensors, peak_rss_increase, resting_bytes_sharded, storage_bytes
 from zeropp.models import GPT, Block, GPTConfig
 
 RESULTS = Path(__file__).parent / "results"
@@ -58,13 +58,6 @@ class CollectiveBytes(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def _step(model, optimizer, inputs, targets) -> None:
     model(inputs, targets).backward()
     optimizer.step()
@@ -72,12 +65,9 @@ def _step(model, optimizer, inputs, targets) -> None:
 
 
 def _measured_step(model, optimizer, inputs, targets) -> tuple[float, int]:
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM)
-    before = _rss_kib("VmRSS")
     started = time.perf_counter()
-    _step(model, optimizer, inputs, targets)
-    elapsed = time.perf_counter() - started
-    return elapsed, (_rss_kib("VmHWM") - before) * 1024
+    _, peak = peak_rss_increase(lambda: _step(model, optimizer, inputs, targets))
+    return time.perf_counter() - started, peak
 
 
 def _build_systems(config, dtype, rank, world_size):
@@ -99,8 +89,6 @@ def _build_systems(config, dtype, rank, world_size):
 
 def _resting_bytes(name, model, optimizer) -> int:
     if name == "zeropp":
-        from zeropp.memory import resting_bytes_sharded
-
         return resting_bytes_sharded(model, optimizer)
     params = [p.to_local() for p in model.parameters()]
     grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
