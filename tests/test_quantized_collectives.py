@@ -40,7 +40,7 @@ def gathered_weights(rank, world_size, ranks_per_node, compute_dtype):
     return results
 
 
-@pytest.mark.parametrize("compute_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("compute_dtype", ["fp32", "bf16", "fp16"])
 def test_qwz_and_hpz_gathers_match_plain(compute_dtype):
     world_size, ranks_per_node = 4, 2
     for result in spawn_ranks(gathered_weights, world_size, (ranks_per_node, compute_dtype)):
@@ -55,9 +55,10 @@ def test_qwz_and_hpz_gathers_match_plain(compute_dtype):
                 # Blocks tile each rank's shard, so each block's bound is its own absmax.
                 blocks = exact.view(-1, BLOCK)
                 bound = blocks.abs().amax(dim=1, keepdim=True) / 127 / 2
-                if compute_dtype == "bf16":
-                    # Both sides were rounded to bf16 (8 significant bits) once.
-                    bound = bound * 1.01 + (blocks.abs() + bound) * 2**-7
+                if compute_dtype != "fp32":
+                    # Both sides were rounded to the compute dtype once (8 or 11 significant bits).
+                    relative = 2**-7 if compute_dtype == "bf16" else 2**-10
+                    bound = bound * 1.01 + (blocks.abs() + bound) * relative
                 assert ((approx.view(-1, BLOCK) - blocks).abs() <= bound * 1.0001).all()
 
 

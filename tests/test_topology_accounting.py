@@ -39,6 +39,12 @@ def test_inter_node_group_is_labelled():
     assert log.records[0].sent_inter_node == 10 and log.records[0].sent_intra_node == 0
 
 
+def test_hpz_size_must_divide_the_ranks_per_node():
+    ZeroConfig(hpz_size=2).check_layout(4)
+    with pytest.raises(ValueError, match=r"hpz_size=3 must divide the ranks per node \(4\); allowed values: \[1, 2, 4\]"):
+        ZeroConfig(hpz_size=3).check_layout(4)
+
+
 @pytest.mark.parametrize("field,value", [("compute_dtype", "fp8"), ("reduce_dtype", "int4"), ("prefetch", "yes"), ("shard_alignment", 0)])
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):

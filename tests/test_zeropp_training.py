@@ -63,3 +63,41 @@ def test_frozen_weights_and_generation_stay_inside_the_node():
         # After a step the first no-grad forward gathers the changed root across nodes;
         # every later one is served by the secondary partitions inside the node.
         assert generation[0] > 0 and generation[1] == generation[2] == 0
+
+
+class TinyParameters(torch.nn.Module):
+    """Parameters of one and two values: each is far smaller than the hpZ group."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(1, 1) for _ in range(3))
+        self.scale = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return (x * self.scale).pow(2).mean()
+
+
+def tiny_parameter_losses(rank, world_size):
+    topology = Topology.from_environment(ranks_per_node=4)
+    losses = {}
+    for name, config in {"zero3": ZeroConfig(), "hpz": ZeroConfig(hpz_size=4)}.items():
+        torch.manual_seed(0)
+        model = ShardedModel(TinyParameters(), topology, config, unit_classes=(torch.nn.Linear,))
+        optimizer = ShardedOptimizer(model, lambda params: torch.optim.SGD(params, lr=0.5))
+        inputs = torch.linspace(-1, 1, 8).view(8, 1)[rank * 2 : rank * 2 + 2]
+        losses[name] = []
+        for _ in range(5):
+            loss = model(inputs)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[name].append(loss.item())
+    return losses
+
+
+def test_parameters_smaller_than_the_hpz_group_train_like_zero3():
+    for losses in spawn_ranks(tiny_parameter_losses, 4):
+        assert losses["hpz"] == losses["zero3"]
+        assert losses["zero3"][-1] != losses["zero3"][0]  # it did train
