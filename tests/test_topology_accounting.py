@@ -23,13 +23,22 @@ def test_impossible_layouts_say_what_is_wrong(world_size, ranks_per_node, messag
         Layout(world_size, ranks_per_node)
 
 
-def test_all_gather_bytes_split_by_node():
+def test_ring_all_gather_bytes_follow_the_ring():
+    # Ring 0 -> 1 -> 2 -> 3 -> 0 on 2 nodes x 2: rank 1 hears from rank 0 (same node) and
+    # passes 3 chunks on to rank 2 (the other node).
     log = CommLog(Layout(4, 2), rank=1)
-    log.record_exchange("all_gather", (0, 1, 2, 3), "forward_gather", chunk_bytes=100)
+    log.record_ring("all_gather", (0, 1, 2, 3), "forward_gather", chunk_bytes=100)
     record = log.records[0]
     assert record.group == "world"
-    assert (record.received_intra_node, record.received_inter_node) == (100, 200)
+    assert (record.received_intra_node, record.received_inter_node) == (300, 0)
+    assert (record.sent_intra_node, record.sent_inter_node) == (0, 300)
     assert log.totals()["received"] == 300
+
+
+def test_all_to_all_bytes_split_by_peer():
+    log = CommLog(Layout(4, 2), rank=1)
+    log.record_exchange("all_to_all", (0, 1, 2, 3), "reduce_scatter", chunk_bytes=100)
+    assert (log.records[0].received_intra_node, log.records[0].received_inter_node) == (100, 200)
 
 
 def test_inter_node_group_is_labelled():

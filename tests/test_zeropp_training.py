@@ -45,13 +45,15 @@ def serve_from_secondary(rank, world_size):
         sharded.comm_log.reset()
         sharded(tokens[:, :-1], tokens[:, 1:]).backward()
         optimizer.step()
-        inter.append(sharded.comm_log.totals_by_phase()["forward_gather"]["received_inter_node"])
+        row = sharded.comm_log.totals_by_phase()["forward_gather"]
+        inter.append(row["received_inter_node"] + row["sent_inter_node"])
     with torch.no_grad():
         generation = []
         for _ in range(3):  # like token-by-token generation: many no-grad forwards
             sharded.comm_log.reset()
             sharded(tokens[:, :-1])
-            generation.append(sharded.comm_log.totals()["received_inter_node"])
+            totals = sharded.comm_log.totals()
+            generation.append(totals["received_inter_node"] + totals["sent_inter_node"])
     root_bytes = sum(f.padded_numel for f in sharded.units[0].flats)
     return inter, generation, root_bytes
 

@@ -1,7 +1,8 @@
 """Bytes one rank receives per training step, predicted from the layout and the config.
 
-Counted like :class:`CommLog`: in an exchange over a group, this rank receives one chunk
-from every other member; a member on another node makes that chunk inter-node. One step is
+Counted like :class:`CommLog`: an all-to-all brings one chunk from every other member; an
+all-gather is a ring, which brings the other members' G-1 chunks from this rank's
+predecessor in the group; a sender on another node makes the bytes inter-node. One step is
 one forward, one backward and one optimizer step (no gradient accumulation): the forward
 gathers from the primary shards (secondary shards were invalidated by the last step), the
 backward gathers every unit but the root (kept after forward unless resharded) from the
@@ -32,22 +33,35 @@ def _add(row: dict[str, int], intra_peers: int, inter_peers: int, chunk_bytes: f
     row["received_inter_node"] += round(inter_peers * chunk_bytes)
 
 
-def predicted_step_bytes(flats: list[FlatSummary], layout: Layout, config: ZeroConfig) -> dict[str, dict[str, int]]:
-    """``{phase: {"received_intra_node": bytes, "received_inter_node": bytes}}``."""
+def _add_ring(row: dict[str, int], layout: Layout, rank: int, group_first: int, group_size: int, chunk_bytes: float) -> None:
+    """A ring all-gather over consecutive ranks [group_first, group_first + group_size)."""
+    if group_size == 1:
+        return
+    predecessor = group_first + (rank - group_first - 1) % group_size
+    remote = not layout.same_node(predecessor, rank)
+    _add(row, 0 if remote else group_size - 1, group_size - 1 if remote else 0, chunk_bytes)
+
+
+def predicted_step_bytes(
+    flats: list[FlatSummary], layout: Layout, config: ZeroConfig, rank: int
+) -> dict[str, dict[str, int]]:
+    """``{phase: {"received_intra_node": bytes, "received_inter_node": bytes}}`` for ``rank``."""
     world, per_node, nodes = layout.world_size, layout.ranks_per_node, layout.num_nodes
+    hpz_first = rank // config.hpz_size * config.hpz_size
     compute = config.compute_torch_dtype.itemsize
     weights = config.weight_format
     result = {"forward_gather": _zero(), "backward_gather": _zero(), "reduce_scatter": _zero()}
     for flat in flats:
         shard = flat.shard_numel
         primary_chunk = weights.packed_nbytes(shard) if config.quantized_weights else shard * compute
-        _add(result["forward_gather"], per_node - 1, world - per_node, primary_chunk)
+        _add_ring(result["forward_gather"], layout, rank, 0, world, primary_chunk)
         if not flat.is_root or config.reshard_root_after_forward:
             if config.hpz_size > 1:
                 # The secondary partition holds world / hpz_size primary shards' worth.
-                _add(result["backward_gather"], config.hpz_size - 1, 0, primary_chunk * world // config.hpz_size)
+                secondary = primary_chunk * world // config.hpz_size
+                _add_ring(result["backward_gather"], layout, rank, hpz_first, config.hpz_size, secondary)
             else:
-                _add(result["backward_gather"], per_node - 1, world - per_node, primary_chunk)
+                _add_ring(result["backward_gather"], layout, rank, 0, world, primary_chunk)
         if flat.requires_grad:
             row = result["reduce_scatter"]
             if config.quantized_gradients:

@@ -1,8 +1,10 @@
 """Accounting of every collective: what this rank sent and received, inside and across nodes.
 
-Bytes are counted per peer from the collective's semantics: in an all-gather each member
-sends its chunk to every other member; in an all-to-all member ``i`` sends chunk ``j`` to
-member ``j``. A peer on another node (per the topology) makes those bytes inter-node.
+Bytes are counted as the backend's algorithm moves them. An all-to-all sends chunk ``j``
+straight to member ``j``. An all-gather is a ring (gloo's and NCCL's algorithm; measured on
+an emulated cluster: each node's link carried 3 of 4 shards per gather on 2 nodes x 2):
+every member receives the other G-1 chunks from its predecessor and forwards them to its
+successor. A peer on another node (per the topology) makes those bytes inter-node.
 """
 
 from __future__ import annotations
@@ -58,6 +60,26 @@ class CommLog:
                 sent_inter_node=inter * chunk_bytes,
                 received_intra_node=intra * chunk_bytes,
                 received_inter_node=inter * chunk_bytes,
+            )
+        )
+
+    def record_ring(self, op: str, group_ranks: tuple[int, ...], phase: str, chunk_bytes: int) -> None:
+        """Record a ring collective: G-1 chunks from the predecessor, G-1 to the successor."""
+        size = len(group_ranks)
+        position = group_ranks.index(self.rank)
+        predecessor, successor = group_ranks[position - 1], group_ranks[(position + 1) % size]
+        moved = (size - 1) * chunk_bytes
+        received_remote = size > 1 and not self.layout.same_node(predecessor, self.rank)
+        sent_remote = size > 1 and not self.layout.same_node(successor, self.rank)
+        self.records.append(
+            CollectiveRecord(
+                op=op,
+                group=_group_label(group_ranks, self.layout),
+                phase=phase,
+                sent_intra_node=0 if sent_remote else moved,
+                sent_inter_node=moved if sent_remote else 0,
+                received_intra_node=0 if received_remote else moved,
+                received_inter_node=moved if received_remote else 0,
             )
         )
 

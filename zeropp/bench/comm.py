@@ -60,6 +60,16 @@ def _phases(totals: dict) -> dict:
     return {phase: {key: row[key] for key in keys} for phase, row in totals.items() if phase in main}
 
 
+def _sum_phases(per_rank: list[dict]) -> dict:
+    summed: dict = {}
+    for phases in per_rank:
+        for phase, row in phases.items():
+            target = summed.setdefault(phase, {})
+            for key, value in row.items():
+                target[key] = target.get(key, 0) + value
+    return summed
+
+
 def step_totals(phases: dict) -> dict[str, int]:
     return {
         "intra_node": sum(row["received_intra_node"] for row in phases.values()),
@@ -71,21 +81,23 @@ def run(layouts: list[tuple[int, int]], model_size: str = "small", tokens=(4, 64
     report = {"model": model_size, "tokens_per_rank": tokens, "dtype": "bf16", "layouts": {}}
     for nodes, per_node in layouts:
         per_rank = spawn_ranks(measure_variants, nodes * per_node, (per_node, model_size, tokens))
-        rank0 = per_rank[0]
-        baseline = step_totals(rank0["zero3"]["measured"])["inter_node"]
+        node0 = per_rank[:per_node]  # what node 0's ranks receive is what its link carries in
         rows = {}
-        for name, result in rank0.items():
-            measured, predicted = step_totals(result["measured"]), step_totals(result["predicted"])
+        for name in node0[0]:
+            phases = {kind: _sum_phases([result[name][kind] for result in node0]) for kind in ("measured", "predicted")}
             rows[name] = {
-                "measured": measured, "predicted": predicted, "phases": result,
-                "inter_node_vs_zero3": measured["inter_node"] / baseline,
+                "measured": step_totals(phases["measured"]), "predicted": step_totals(phases["predicted"]),
+                "phases": phases,
             }
+        baseline = rows["zero3"]["measured"]["inter_node"]
+        for row in rows.values():
+            row["inter_node_vs_zero3"] = row["measured"]["inter_node"] / baseline
         report["layouts"][f"{nodes}x{per_node}"] = rows
     return report
 
 
 def format_report(report: dict) -> str:
-    lines = [f"GPT {report['model']}, bf16, bytes received per step by rank 0 (measured | predicted)"]
+    lines = [f"GPT {report['model']}, bf16, bytes node 0's ranks receive per step (measured | predicted)"]
     for layout, rows in report["layouts"].items():
         lines.append(f"\nlayout {layout} (nodes x ranks per node)")
         lines.append(f"{'variant':<8}{'inter MB':>12}{'predicted':>12}{'intra MB':>12}{'predicted':>12}{'inter vs ZeRO-3':>18}")

@@ -57,7 +57,7 @@ class Communicator:
         """Start gathering every member's ``shard`` [n] into ``output`` [group.size * n] in
         rank order; returns a work to ``wait`` on (None for a group of one)."""
         assert output.numel() == shard.numel() * group.size, (output.shape, shard.shape)
-        self.comm_log.record_exchange("all_gather", group.ranks, phase, shard.numel() * shard.element_size())
+        self.comm_log.record_ring("all_gather", group.ranks, phase, shard.numel() * shard.element_size())
         if group.size == 1:
             output.copy_(shard)
             return None
