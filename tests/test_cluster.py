@@ -1,5 +1,6 @@
 """The emulated cluster: torchrun in two network namespaces over a shaped link."""
 
+import json
 import os
 import subprocess
 
@@ -8,7 +9,7 @@ import pytest
 from zeropp.cluster import ClusterSpec
 from zeropp.cluster.launch import run_on_cluster
 
-TRAIN = ["train", "--model", "tiny", "--steps", "3", "--batch-per-rank", "2", "--seq-len", "32"]
+TRAIN = ["train", "--model", "small", "--steps", "3", "--batch-per-rank", "2", "--seq-len", "32"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root; the error path is tested below")
@@ -19,6 +20,12 @@ def test_two_nodes_train_over_a_shaped_link_and_clean_up(tmp_path):
     for counters in result["link_bytes"]:  # both links carried the inter-node traffic
         assert counters["tx_bytes"] > 1e6 and counters["rx_bytes"] > 1e6
     assert result["namespaces_left"] == []
+    # What each node's link carried in agrees with the accounting of its ranks (ring
+    # all-gathers, pairwise all-to-alls), init and evaluation included.
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for node, counters in enumerate(result["link_bytes"]):
+        accounted = sum(summary["comm_total_by_rank"][rank]["received_inter_node"] for rank in (2 * node, 2 * node + 1))
+        assert abs(counters["rx_bytes"] - accounted) <= 0.05 * accounted, (node, counters, accounted)
     assert "zpp" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 

@@ -41,6 +41,7 @@ class CommLog:
         self.layout = layout
         self.rank = rank
         self.records: list[CollectiveRecord] = []
+        self.lifetime: dict[str, int] = defaultdict(int)  # every record since creation, not reset
 
     def record_exchange(
         self, op: str, group_ranks: tuple[int, ...], phase: str, chunk_bytes: int
@@ -51,7 +52,7 @@ class CommLog:
         peers = [peer for peer in group_ranks if peer != self.rank]
         intra = sum(1 for peer in peers if self.layout.same_node(peer, self.rank))
         inter = len(peers) - intra
-        self.records.append(
+        self.record(
             CollectiveRecord(
                 op=op,
                 group=_group_label(group_ranks, self.layout),
@@ -71,7 +72,7 @@ class CommLog:
         moved = (size - 1) * chunk_bytes
         received_remote = size > 1 and not self.layout.same_node(predecessor, self.rank)
         sent_remote = size > 1 and not self.layout.same_node(successor, self.rank)
-        self.records.append(
+        self.record(
             CollectiveRecord(
                 op=op,
                 group=_group_label(group_ranks, self.layout),
@@ -85,6 +86,8 @@ class CommLog:
 
     def record(self, record: CollectiveRecord) -> None:
         self.records.append(record)
+        for key in ("sent_intra_node", "sent_inter_node", "received_intra_node", "received_inter_node"):
+            self.lifetime[key] += getattr(record, key)
 
     def reset(self) -> None:
         self.records.clear()

@@ -109,7 +109,7 @@ class EmulatedCluster:
         counters = []
         for namespace in self.nodes:
             read = lambda name: int(_run("ip", "netns", "exec", namespace, "cat", f"/sys/class/net/eth0/statistics/{name}"))
-            counters.append({"tx_bytes": read("tx_bytes"), "rx_bytes": read("rx_bytes")})
+            counters.append({name: read(name) for name in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")})
         return counters
 
     def popen(self, node: int, command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -111,6 +111,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
             metrics.close()
     timed = step_times[min(5, len(step_times) - 1):]
     validation = record["validation_loss"] if "validation_loss" in record else evaluate(model, corpus, config, rank, world_size)
+    lifetime = [None] * world_size  # every rank's bytes over the whole run, init and evaluation included
+    dist.all_gather_object(lifetime, dict(model.comm_log.lifetime))
     return {
         "config": _describe(config, topology, model),
         "final_train_loss": losses[-1] if losses else None,
@@ -118,6 +120,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
         "tokens_per_s": tokens_per_step / statistics.median(timed) if timed else None,
         "comm_per_step": comm_table,
         "losses": losses,
+        "comm_total_by_rank": lifetime,
         "first_step": first_step,
         "skipped_steps": optimizer.skipped_steps,
     }
