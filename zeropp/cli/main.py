@@ -78,6 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
     grad_error = bench.add_parser("grad-error", help="qgZ schemes' error on real GPT gradients vs the exact mean")
     grad_error.add_argument("--steps", type=int, default=8)
     grad_error.add_argument("--out", default="runs/bench/gradient_error.json")
+    throughput = bench.add_parser("throughput", help="tokens/s per variant and bandwidth on an emulated cluster")
+    throughput.add_argument("--nodes", type=int, default=2)
+    throughput.add_argument("--ranks-per-node", type=int, default=2)
+    throughput.add_argument("--bandwidths", default="none,1000,200,50", help="Mbit/s per node link; none = unshaped")
+    throughput.add_argument("--variants", default="zero3,qwz,hpz,qgz,zero++")
+    throughput.add_argument("--model", default="small")
+    throughput.add_argument("--steps", type=int, default=12)
+    throughput.add_argument("--batch-per-rank", type=int, default=4)
+    throughput.add_argument("--seq-len", type=int, default=64)
+    throughput.add_argument("--precision", default="bf16")
+    throughput.add_argument("--out", default="runs/bench/throughput")
     quant = bench.add_parser("quant", help="block quantization speed vs copy and error vs per-tensor scales")
     quant.add_argument("--numel", type=int, default=1 << 22)
     quant.add_argument("--out", default="runs/bench/quant.json")
@@ -151,6 +162,10 @@ def _run_bench(args) -> int:
         from ..bench import comm
 
         return comm.main(args)
+    if args.bench == "throughput":
+        from ..bench import throughput
+
+        return throughput.main(args)
     if args.bench == "grad-error":
         from ..bench import gradient_error
 

@@ -45,13 +45,20 @@ class Communicator:
     def __init__(self, comm_log: CommLog, check_order: bool = False) -> None:
         self.comm_log = comm_log
         self.check_order = check_order
+        self._waited = [0.0]
+
+    def take_wait_seconds(self) -> float:
+        """Seconds spent blocked on collectives since the last call: the communication that
+        computation did not hide."""
+        waited, self._waited[0] = self._waited[0], 0.0
+        return waited
 
     def _launch(self, op: str, group: Group, phase: str, label: str, tensor: torch.Tensor, launch):
         call = CollectiveCall(op, group.name, phase, label, tensor.numel(), str(tensor.dtype).removeprefix("torch."))
         if self.check_order:
             check_same_call(call, group.handle, group.size)
         work = launch()
-        return TrackedWork(work, call, self.comm_log.rank, self.comm_log.layout.world_size)
+        return TrackedWork(work, call, self.comm_log.rank, self.comm_log.layout.world_size, self._waited)
 
     def all_gather(self, output: torch.Tensor, shard: torch.Tensor, group: Group, phase: str, label: str = ""):
         """Start gathering every member's ``shard`` [n] into ``output`` [group.size * n] in

@@ -80,7 +80,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     first_step = _maybe_resume(model, optimizer, config)
     metrics = open(config.metrics_path, "a" if first_step else "w") if rank == 0 and config.metrics_path else None
     tokens_per_step = world_size * config.batch_per_rank * config.seq_len * config.accumulation
-    step_times, losses, comm_table, record = [], [], {}, {}
+    step_times, exposed, losses, comm_table, record = [], [], [], {}, {}
     # Bars only for a person at a terminal; logs and CI get the metrics file instead.
     progress = tqdm(
         range(first_step, config.steps), initial=first_step, total=config.steps,
@@ -89,13 +89,16 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     try:
         for step in progress:
             model.comm_log.reset()
+            model.communicator.take_wait_seconds()
             started = time.perf_counter()
             loss = _train_step(model, optimizer, corpus, config, step, rank, world_size)
             step_times.append(time.perf_counter() - started)
+            exposed.append(model.communicator.take_wait_seconds())
             comm_table = model.comm_log.totals_by_phase()
             losses.append(loss)
             record = {"step": step, "loss": loss, "lr": learning_rate_at(config, step),
                       "tokens_per_s": tokens_per_step / step_times[-1], "comm": comm_table,
+                      "step_s": step_times[-1], "exposed_comm_s": exposed[-1],
                       "skipped_steps": optimizer.skipped_steps}
             if config.zero.quantized_weights:
                 record["weight_quantization_error"] = model.weight_quantization_error()
@@ -118,6 +121,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
         "final_train_loss": losses[-1] if losses else None,
         "validation_loss": validation,
         "tokens_per_s": tokens_per_step / statistics.median(timed) if timed else None,
+        "median_step_s": statistics.median(timed) if timed else None,
+        "median_exposed_comm_s": statistics.median(exposed[min(5, len(exposed) - 1):]) if exposed else None,
         "comm_per_step": comm_table,
         "losses": losses,
         "comm_total_by_rank": lifetime,

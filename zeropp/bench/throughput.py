@@ -1,0 +1,115 @@
+"""``zeropp bench throughput``: tokens/s of ZeRO-3 and the ZeRO++ variants on an emulated
+cluster whose inter-node links are shaped to several bandwidths.
+
+    zeropp bench throughput                                   # 2 nodes x 2, GPT small, bf16
+    zeropp bench throughput --bandwidths none,200 --variants zero3,zero++ --steps 12
+
+Each (bandwidth, variant) is one ``zeropp train`` over ``zeropp cluster``: tokens/s is the
+median of rank 0's step times after 5 warm-up steps (every step ends in a collective, so
+the ranks finish together); exposed communication is
+the time rank 0 spent blocked in collectives; cross-node bytes come from the accounting
+and from node 0's link counters. Writes JSON, a markdown table and a plot.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from ..cluster import ClusterSpec
+from ..cluster.launch import run_on_cluster
+
+VARIANTS = {
+    "zero3": [],
+    "qwz": ["--qwz"],
+    "hpz": ["--hpz", "{ranks_per_node}"],
+    "qgz": ["--qgz"],
+    "zero++": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz"],
+}
+
+
+def _bandwidth(text: str) -> float | None:
+    return None if text in ("none", "unshaped") else float(text)
+
+
+def measure(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="zeropp-throughput-"))
+    extra = [a.format(ranks_per_node=spec.ranks_per_node) for a in VARIANTS[variant]]
+    result = run_on_cluster(spec, ["train", *train_arguments, *extra, "--out", str(out)], timeout_s=1800)
+    if result["exit_codes"] != [0] * spec.num_nodes:
+        raise RuntimeError(f"{variant} at {spec.bandwidth_mbit} Mbit/s failed; logs in {result['logs']}")
+    summary = json.loads((out / "summary.json").read_text())
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    per_step_inter = sum(row["received_inter_node"] for row in steps[-1]["comm"].values())
+    node0_accounted = sum(summary["comm_total_by_rank"][r]["received_inter_node"] for r in range(spec.ranks_per_node))
+    return {
+        "tokens_per_s": summary["tokens_per_s"],
+        "median_step_s": summary["median_step_s"],
+        "median_exposed_comm_s": summary["median_exposed_comm_s"],
+        "exposed_fraction": summary["median_exposed_comm_s"] / summary["median_step_s"],
+        "rank0_inter_node_bytes_per_step": per_step_inter,
+        "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
+        "node0_accounted_rx_bytes": node0_accounted,
+        "final_train_loss": summary["final_train_loss"],
+    }
+
+
+def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[str], train_arguments: list[str]) -> dict:
+    report = {"layout": f"{nodes}x{ranks_per_node}", "train_arguments": train_arguments, "results": {}}
+    for text in bandwidths:
+        spec = ClusterSpec(nodes, ranks_per_node, _bandwidth(text))
+        row = report["results"].setdefault(text, {})
+        for variant in variants:
+            row[variant] = measure(spec, variant, train_arguments)
+            print(f"{text:>9} Mbit/s {variant:<7} {row[variant]['tokens_per_s']:>10,.0f} tokens/s, "
+                  f"exposed comm {row[variant]['exposed_fraction']:.0%}", flush=True)
+        for variant in variants:
+            row[variant]["speedup_vs_zero3"] = row[variant]["tokens_per_s"] / row["zero3"]["tokens_per_s"] if "zero3" in row else None
+    return report
+
+
+def markdown(report: dict) -> str:
+    variants = list(next(iter(report["results"].values())))
+    lines = ["| bandwidth (Mbit/s) | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+    for bandwidth, row in report["results"].items():
+        cells = []
+        for variant in variants:
+            r = row[variant]
+            speedup = f" ({r['speedup_vs_zero3']:.2f}x)" if r.get("speedup_vs_zero3") else ""
+            cells.append(f"{r['tokens_per_s']:,.0f}{speedup}, comm {r['exposed_fraction']:.0%}")
+        lines.append(f"| {bandwidth} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bandwidths = list(report["results"])
+    variants = list(report["results"][bandwidths[0]])
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for variant in variants:
+        axis.plot(bandwidths, [report["results"][b][variant]["tokens_per_s"] for b in bandwidths], "o-", label=variant)
+    axis.set_xlabel("inter-node bandwidth per node (Mbit/s)")
+    axis.set_ylabel("tokens/s")
+    axis.set_title(f"GPT on an emulated {report['layout']} cluster")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(args) -> int:
+    train_arguments = ["--model", args.model, "--steps", str(args.steps), "--batch-per-rank", str(args.batch_per_rank),
+                       "--seq-len", str(args.seq_len), "--precision", args.precision]
+    report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), args.variants.split(","), train_arguments)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "throughput.md").write_text(markdown(report) + "\n")
+    plot(report, out / "throughput.png")
+    print(markdown(report))
+    print(f"wrote {out}/throughput.json, throughput.md, throughput.png")
+    return 0
