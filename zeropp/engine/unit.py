@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..sharding import FlatParam, ShardState
+from ..sharding import FlatParam
 
 
 @dataclass
@@ -16,12 +16,6 @@ class Unit:
     module: nn.Module
     flats: list[FlatParam]
     is_root: bool
-
-    def state(self) -> ShardState:
-        states = {flat.state for flat in self.flats}
-        if ShardState.GATHERING in states:
-            return ShardState.GATHERING
-        return states.pop() if len(states) == 1 else ShardState.SHARDED
 
     def install_views(self) -> None:
         for flat in self.flats:
