@@ -55,15 +55,40 @@ def measure(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict
     }
 
 
+FSDP2_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fsdp2_train.py"
+FSDP2_VARIANTS = ("fsdp2", "fsdp2-reshard-node", "fsdp2-hsdp")
+
+
+def measure_fsdp2(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict:
+    """FSDP2 on the same cluster and work (no accounting: link counters only)."""
+    out = Path(tempfile.mkdtemp(prefix="zeropp-fsdp2-"))
+    flavour = variant.removeprefix("fsdp2-") if variant != "fsdp2" else "plain"
+    arguments = [*train_arguments, "--variant", flavour, "--out", str(out)]
+    result = run_on_cluster(spec, arguments, timeout_s=1800, program=[str(FSDP2_SCRIPT)])
+    if result["exit_codes"] != [0] * spec.num_nodes:
+        raise RuntimeError(f"{variant} at {spec.bandwidth_mbit} Mbit/s failed; logs in {result['logs']}")
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "tokens_per_s": summary["tokens_per_s"],
+        "median_step_s": summary["median_step_s"],
+        "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
+        "final_train_loss": summary["losses"][-1],
+    }
+
+
 def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[str], train_arguments: list[str]) -> dict:
     report = {"layout": f"{nodes}x{ranks_per_node}", "train_arguments": train_arguments, "results": {}}
     for text in bandwidths:
         spec = ClusterSpec(nodes, ranks_per_node, _bandwidth(text))
         row = report["results"].setdefault(text, {})
         for variant in variants:
-            row[variant] = measure(spec, variant, train_arguments)
-            print(f"{text:>9} Mbit/s {variant:<7} {row[variant]['tokens_per_s']:>10,.0f} tokens/s, "
-                  f"exposed comm {row[variant]['exposed_fraction']:.0%}", flush=True)
+            if variant in FSDP2_VARIANTS:
+                row[variant] = measure_fsdp2(spec, variant, train_arguments)
+            else:
+                row[variant] = measure(spec, variant, train_arguments)
+            exposed = row[variant].get("exposed_fraction")
+            print(f"{text:>9} Mbit/s {variant:<20} {row[variant]['tokens_per_s']:>10,.0f} tokens/s"
+                  + (f", exposed comm {exposed:.0%}" if exposed is not None else ""), flush=True)
         for variant in variants:
             row[variant]["speedup_vs_zero3"] = row[variant]["tokens_per_s"] / row["zero3"]["tokens_per_s"] if "zero3" in row else None
     return report
@@ -77,7 +102,8 @@ def markdown(report: dict) -> str:
         for variant in variants:
             r = row[variant]
             speedup = f" ({r['speedup_vs_zero3']:.2f}x)" if r.get("speedup_vs_zero3") else ""
-            cells.append(f"{r['tokens_per_s']:,.0f}{speedup}, comm {r['exposed_fraction']:.0%}")
+            exposed = f", comm {r['exposed_fraction']:.0%}" if "exposed_fraction" in r else ""
+            cells.append(f"{r['tokens_per_s']:,.0f}{speedup}{exposed}")
         lines.append(f"| {bandwidth} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -13,25 +13,34 @@ from .emulated import ClusterSpec, EmulatedCluster
 MASTER_PORT = 29517
 
 
-def torchrun_command(spec: ClusterSpec, node: int, master: str, arguments: list[str]) -> list[str]:
+ZEROPP_CLI = ["-m", "zeropp.cli.main"]
+
+
+def torchrun_command(spec: ClusterSpec, node: int, master: str, arguments: list[str], program: list[str]) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(spec.num_nodes), "--node-rank", str(node), "--nproc-per-node", str(spec.ranks_per_node),
         "--master-addr", master, "--master-port", str(MASTER_PORT),
-        "-m", "zeropp.cli.main", *arguments,
+        *program, *arguments,
     ]
 
 
-def run_on_cluster(spec: ClusterSpec, arguments: list[str], timeout_s: float = 3600, logs: Path | None = None) -> dict:
-    """Run ``zeropp <arguments>`` over the cluster; returns exit codes, node-0 output and the
-    bytes each node's link carried during the run."""
+def run_on_cluster(
+    spec: ClusterSpec, arguments: list[str], timeout_s: float = 3600, logs: Path | None = None,
+    program: list[str] = ZEROPP_CLI,
+) -> dict:
+    """Run ``zeropp <arguments>`` (or another torchrun ``program``) over the cluster; returns
+    exit codes, node-0 output and the bytes each node's link carried during the run."""
     logs = Path(logs or tempfile.mkdtemp(prefix="zeropp-cluster-"))
     logs.mkdir(parents=True, exist_ok=True)
     with EmulatedCluster(spec) as cluster:
         before = cluster.interface_bytes()
         environment = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
         processes = [
-            cluster.popen(node, torchrun_command(spec, node, cluster.address(0), arguments), logs / f"node{node}.log", environment)
+            cluster.popen(
+                node, torchrun_command(spec, node, cluster.address(0), arguments, program),
+                logs / f"node{node}.log", environment,
+            )
             for node in range(spec.num_nodes)
         ]
         deadline = time.monotonic() + timeout_s
