@@ -43,9 +43,10 @@ def _add_ring(row: dict[str, int], layout: Layout, rank: int, group_first: int, 
 
 
 def predicted_step_bytes(
-    flats: list[FlatSummary], layout: Layout, config: ZeroConfig, rank: int
+    flats: list[FlatSummary], layout: Layout, config: ZeroConfig, rank: int, backend: str = "gloo"
 ) -> dict[str, dict[str, int]]:
-    """``{phase: {"received_intra_node": bytes, "received_inter_node": bytes}}`` for ``rank``."""
+    """``{phase: {"received_intra_node": bytes, "received_inter_node": bytes}}`` for ``rank``.
+    On NCCL the plain reduce-scatter is NCCL's ring; on gloo an all-to-all."""
     world, per_node, nodes = layout.world_size, layout.ranks_per_node, layout.num_nodes
     hpz_first = rank // config.hpz_size * config.hpz_size
     compute = config.compute_torch_dtype.itemsize
@@ -70,6 +71,8 @@ def predicted_step_bytes(
                     _add(row, per_node - 1, 0, intra.packed_nbytes(nodes * shard))
                 if nodes > 1:
                     _add(row, 0, nodes - 1, inter.packed_nbytes(shard))
+            elif backend == "nccl":
+                _add_ring(row, layout, rank, 0, world, shard * config.reduce_torch_dtype.itemsize)
             else:
                 _add(row, per_node - 1, world - per_node, shard * config.reduce_torch_dtype.itemsize)
     return result

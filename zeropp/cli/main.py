@@ -60,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--latency", type=float, default=0.0, help="one-way latency added per node link, ms")
     cluster.add_argument("--timeout", type=float, default=3600.0)
     cluster.add_argument("arguments", nargs=argparse.REMAINDER, help="the zeropp command to run, after --")
+    plan = commands.add_parser("plan", help="predict step time per ZeRO++ variant and recommend one")
+    plan.add_argument("--model", default="small")
+    plan.add_argument("--tokens-per-rank", type=int, default=256)
+    plan.add_argument("--nodes", type=int, default=2)
+    plan.add_argument("--ranks-per-node", type=int, default=2)
+    plan.add_argument("--inter-node-mbit", type=float, default=200.0)
+    plan.add_argument("--rank-gflops", type=float, default=5.0, help="FLOP/s one rank achieves on the model, in G")
+    plan.add_argument("--paper", action="store_true", help="predict the ZeRO++ paper's settings instead")
     study = commands.add_parser("study", help="long studies").add_subparsers(dest="study", required=True)
     convergence = study.add_parser("convergence", help="loss under ZeRO-3 and compressed variants, 2 nodes x 2")
     convergence.add_argument("--model", default="small")
@@ -106,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run_export(args)
         if args.command == "cluster":
             return _run_cluster(args)
+        if args.command == "plan":
+            from .. import plan as planner
+
+            return planner.main(args)
         if args.command == "study":
             from ..study import convergence
 

@@ -25,7 +25,8 @@ class PendingReduceScatter:
 
     work: TrackedWork | None
     received: torch.Tensor  # [group_size * shard_numel], the chunks every member sent us
-    group_size: int
+    group_size: int  # chunks in ``received`` to sum locally (1 after a real reduce-scatter)
+    divisor: int | None = None  # what to divide the sum by; default group_size
 
     def progress(self) -> bool:
         """A single all-to-all: nothing is left to launch."""
@@ -35,7 +36,7 @@ class PendingReduceScatter:
         if self.work is not None:
             self.work.wait()
         chunks = self.received.view(self.group_size, -1)
-        return chunks.sum(dim=0, dtype=torch.float32).div_(self.group_size)
+        return chunks.sum(dim=0, dtype=torch.float32).div_(self.divisor or self.group_size)
 
 
 class Communicator:
@@ -78,9 +79,19 @@ class Communicator:
         the mean of chunk ``i``."""
         assert flat.numel() % group.size == 0
         chunk_bytes = flat.numel() // group.size * flat.element_size()
-        self.comm_log.record_exchange("reduce_scatter", group.ranks, phase, chunk_bytes)
         if group.size == 1:
+            self.comm_log.record_exchange("reduce_scatter", group.ranks, phase, chunk_bytes)
             return PendingReduceScatter(None, flat, 1)
+        if dist.get_backend(group.handle) == "nccl":
+            # NCCL has a real (ring) reduce-scatter; sum, and divide by the size ourselves.
+            self.comm_log.record_ring("reduce_scatter", group.ranks, phase, chunk_bytes)
+            received = torch.empty(flat.numel() // group.size, dtype=flat.dtype, device=flat.device)
+            work = self._launch(
+                "reduce_scatter", group, phase, label, flat,
+                lambda: dist.reduce_scatter_tensor(received, flat, op=dist.ReduceOp.SUM, group=group.handle, async_op=True),
+            )
+            return PendingReduceScatter(work, received, 1, divisor=group.size)
+        self.comm_log.record_exchange("reduce_scatter", group.ranks, phase, chunk_bytes)
         received = torch.empty_like(flat)
         work = self._launch(
             "reduce_scatter", group, phase, label, flat,

@@ -129,7 +129,8 @@ class ShardedModel(nn.Module):
             for unit in self.units
             for flat in unit.flats
         ]
-        return predicted_step_bytes(flats, self.topology.layout, self.config, self.topology.rank)
+        backend = torch.distributed.get_backend()
+        return predicted_step_bytes(flats, self.topology.layout, self.config, self.topology.rank, backend)
 
     def on_weights_changed(self) -> None:
         """Call after the master shards changed: drop stale gathered copies, refresh the

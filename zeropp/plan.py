@@ -1,0 +1,139 @@
+"""``zeropp plan``: an analytic model of one training step, and the settings it recommends.
+
+    zeropp plan --model small --tokens-per-rank 256 --nodes 2 --ranks-per-node 2 \
+                --inter-node-mbit 200 --rank-gflops 5
+    zeropp plan --paper                 # the ZeRO++ paper's clusters and models
+
+Step time = compute + the communication that compute cannot hide. Bytes per hop come from
+the same analytic volume the accounting is tested against (``predicted_step_bytes``):
+
+    compute  = 6 * parameters * tokens per rank / achieved FLOP/s per rank
+    link     = bytes node 0's link carries in per step / inter-node bandwidth
+               + collectives per step x latency
+    exposed  = max(0, link - overlap * compute) + link / (units + 1)
+
+The last term is the first unit's gather, which nothing can overlap; ``overlap`` is the
+share of compute that prefetching and asynchronous reduction hide communication behind.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+import torch
+
+from .accounting import FlatSummary, predicted_step_bytes
+from .config import ZeroConfig
+from .models import GPT, Block, GPTConfig
+from .sharding import plan_units
+from .sharding.flat_param import make_slots, shard_numel_for
+from .topology import Layout
+
+
+@dataclass(frozen=True)
+class Cluster:
+    num_nodes: int
+    ranks_per_node: int
+    inter_node_bytes_per_s: float  # one node's link, each direction
+    latency_s: float = 50e-6  # per step of a ring or all-to-all (each of the G - 1 exchanges)
+    backend: str = "gloo"  # "nccl": plain reduce-scatter is a ring
+
+
+@dataclass(frozen=True)
+class Work:
+    flats: tuple[tuple[bool, bool, int], ...]  # (is_root, requires_grad, total numel) per flat
+    num_parameters: int
+    tokens_per_rank: int
+    flops_per_s: float  # achieved by one rank on this model
+    overlap: float = 0.9
+
+
+def gpt_work(model_size: str, tokens_per_rank: int, flops_per_s: float) -> Work:
+    """The example GPT's real flat buffers, built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig.preset(model_size))
+    flats = tuple((index == 0, True, sum(p.param.numel() for p in spec.params))
+                  for index, spec in enumerate(plan_units(model, (Block,))) if spec.params)
+    return Work(flats, sum(numel for _, _, numel in flats), tokens_per_rank, flops_per_s)
+
+
+def synthetic_work(num_layers: int, hidden: int, vocab: int, tokens_per_rank: int, flops_per_s: float) -> Work:
+    """A transformer of ``num_layers`` blocks of 12 h^2 parameters plus an h x vocab embedding."""
+    blocks = tuple((False, True, 12 * hidden * hidden) for _ in range(num_layers))
+    flats = ((True, True, vocab * hidden), *blocks)
+    return Work(flats, sum(numel for _, _, numel in flats), tokens_per_rank, flops_per_s)
+
+
+def predict(work: Work, cluster: Cluster, config: ZeroConfig) -> dict:
+    layout = Layout(cluster.num_nodes * cluster.ranks_per_node, cluster.ranks_per_node)
+    alignment = config.effective_shard_alignment
+    summaries = [FlatSummary(is_root, grad, shard_numel_for(numel, layout.world_size, alignment))
+                 for is_root, grad, numel in work.flats]
+    inbound = sum(
+        sum(row["received_inter_node"] for row in predicted_step_bytes(summaries, layout, config, rank, cluster.backend).values())
+        for rank in range(cluster.ranks_per_node)  # node 0's ranks: what its link carries in
+    )
+    # Latency: every collective is G - 1 exchanges (ring steps or all-to-all peers).
+    world = layout.world_size
+    gather_steps = world - 1 + (config.hpz_size - 1 if config.hpz_size > 1 else world - 1)
+    reduce_steps = (cluster.ranks_per_node - 1) + (cluster.num_nodes - 1) if config.quantized_gradients else world - 1
+    compute = 6 * work.num_parameters * work.tokens_per_rank / work.flops_per_s
+    link = inbound / cluster.inter_node_bytes_per_s + len(work.flats) * (gather_steps + reduce_steps) * cluster.latency_s
+    exposed = max(0.0, link - work.overlap * compute) + link / (len(work.flats) + 1)
+    step = compute + exposed
+    return {"step_s": step, "compute_s": compute, "link_s": link, "exposed_s": exposed,
+            "inter_node_bytes_per_step": inbound, "tokens_per_s": work.tokens_per_rank * layout.world_size / step}
+
+
+def variants(ranks_per_node: int) -> dict[str, ZeroConfig]:
+    base = ZeroConfig(compute_dtype="bf16")
+    return {
+        "zero3": base,
+        "qwz": replace(base, quantized_weights=True),
+        "hpz": replace(base, hpz_size=ranks_per_node),
+        "qgz": replace(base, quantized_gradients=True),
+        "zero++": replace(base, quantized_weights=True, hpz_size=ranks_per_node, quantized_gradients=True),
+    }
+
+
+def recommend(work: Work, cluster: Cluster) -> tuple[str, dict]:
+    """The fastest variant for this work and cluster, with every variant's prediction."""
+    predictions = {name: predict(work, cluster, config) for name, config in variants(cluster.ranks_per_node).items()}
+    return min(predictions, key=lambda name: predictions[name]["step_s"]), predictions
+
+
+PAPER_MODELS = {"18B": (40, 6144), "49B": (40, 10240), "100B": (125, 8192), "138B": (100, 10752)}
+
+
+def paper_predictions(flops_per_s: float = 45e12) -> dict:
+    """384 V100s, 16 per node, 1K tokens per GPU, at 100 and 400 Gbit/s. ``flops_per_s`` is
+    what a V100 achieves when communication is hidden (the paper's best runs reach 36-53
+    TFLOPs per GPU)."""
+    result = {}
+    for gbit in (100, 400):
+        cluster = Cluster(24, 16, gbit * 1e9 / 8, latency_s=5e-6, backend="nccl")
+        for name, (layers, hidden) in PAPER_MODELS.items():
+            work = synthetic_work(layers, hidden, 50_000, 1024, flops_per_s)
+            best, predictions = recommend(work, cluster)
+            tflops = {v: 6 * work.num_parameters * 1024 / p["step_s"] / 1e12 for v, p in predictions.items()}
+            result[f"{name} @ {gbit} Gbit/s"] = {"recommended": best, "tflops_per_gpu": tflops}
+    return result
+
+
+def main(args) -> int:
+    if args.paper:
+        report = paper_predictions()
+        for setting, row in report.items():
+            cells = ", ".join(f"{v} {t:.1f}" for v, t in row["tflops_per_gpu"].items())
+            print(f"{setting}: predicted TFLOPs/GPU {cells}; recommended: {row['recommended']}")
+        return 0
+    work = gpt_work(args.model, args.tokens_per_rank, args.rank_gflops * 1e9)
+    cluster = Cluster(args.nodes, args.ranks_per_node, args.inter_node_mbit * 1e6 / 8)
+    best, predictions = recommend(work, cluster)
+    for name, p in predictions.items():
+        print(f"{name:<8} step {p['step_s'] * 1e3:8.1f} ms  compute {p['compute_s'] * 1e3:7.1f} ms  "
+              f"link {p['link_s'] * 1e3:7.1f} ms  {p['tokens_per_s']:9,.0f} tokens/s")
+    print(f"recommended: {best}")
+    print(json.dumps({"recommended": best, "predictions": predictions}))
+    return 0
