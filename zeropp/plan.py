@@ -19,6 +19,7 @@ share of compute that prefetching and asynchronous reduction hide communication 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -27,7 +28,7 @@ from .accounting import FlatSummary, predicted_step_bytes
 from .config import ZeroConfig
 from .models import GPT, Block, GPTConfig
 from .sharding import plan_units
-from .sharding.flat_param import make_slots, shard_numel_for
+from .sharding.flat_param import shard_numel_for
 from .topology import Layout
 
 
@@ -42,34 +43,44 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Work:
-    flats: tuple[tuple[bool, bool, int], ...]  # (is_root, requires_grad, total numel) per flat
+    flats: tuple[tuple[bool, bool, tuple[int, ...]], ...]  # (is_root, requires_grad, parameter sizes)
     num_parameters: int
     tokens_per_rank: int
     flops_per_s: float  # achieved by one rank on this model
     overlap: float = 0.9
 
 
-def gpt_work(model_size: str, tokens_per_rank: int, flops_per_s: float) -> Work:
+def gpt_work(model_size: str, tokens_per_rank: int, flops_per_s: float, **overrides) -> Work:
     """The example GPT's real flat buffers, built on the meta device (no memory)."""
     with torch.device("meta"):
-        model = GPT(GPTConfig.preset(model_size))
-    flats = tuple((index == 0, True, sum(p.param.numel() for p in spec.params))
+        model = GPT(GPTConfig.preset(model_size, **overrides))
+    flats = tuple((index == 0, True, tuple(p.param.numel() for p in spec.params))
                   for index, spec in enumerate(plan_units(model, (Block,))) if spec.params)
-    return Work(flats, sum(numel for _, _, numel in flats), tokens_per_rank, flops_per_s)
+    return Work(flats, sum(sum(sizes) for _, _, sizes in flats), tokens_per_rank, flops_per_s)
 
 
 def synthetic_work(num_layers: int, hidden: int, vocab: int, tokens_per_rank: int, flops_per_s: float) -> Work:
     """A transformer of ``num_layers`` blocks of 12 h^2 parameters plus an h x vocab embedding."""
-    blocks = tuple((False, True, 12 * hidden * hidden) for _ in range(num_layers))
-    flats = ((True, True, vocab * hidden), *blocks)
-    return Work(flats, sum(numel for _, _, numel in flats), tokens_per_rank, flops_per_s)
+    blocks = tuple((False, True, (12 * hidden * hidden,)) for _ in range(num_layers))
+    flats = ((True, True, (vocab * hidden,)), *blocks)
+    return Work(flats, sum(sum(sizes) for _, _, sizes in flats), tokens_per_rank, flops_per_s)
+
+
+def _extent(sizes: tuple[int, ...], alignment: int) -> int:
+    """Length of a flat buffer whose parameters start on multiples of ``alignment``."""
+    end = 0
+    for size in sizes:
+        end = math.ceil(end / alignment) * alignment + size
+    return end
 
 
 def predict(work: Work, cluster: Cluster, config: ZeroConfig) -> dict:
     layout = Layout(cluster.num_nodes * cluster.ranks_per_node, cluster.ranks_per_node)
-    alignment = config.effective_shard_alignment
-    summaries = [FlatSummary(is_root, grad, shard_numel_for(numel, layout.world_size, alignment))
-                 for is_root, grad, numel in work.flats]
+    summaries = [
+        FlatSummary(is_root, grad, shard_numel_for(
+            _extent(sizes, config.parameter_alignment), layout.world_size, config.effective_shard_alignment))
+        for is_root, grad, sizes in work.flats
+    ]
     inbound = sum(
         sum(row["received_inter_node"] for row in predicted_step_bytes(summaries, layout, config, rank, cluster.backend).values())
         for rank in range(cluster.ranks_per_node)  # node 0's ranks: what its link carries in
