@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -136,6 +137,7 @@ def _run_cluster(args) -> int:
     if not arguments:
         raise ValueError("give the zeropp command to run after --, for example: zeropp cluster -- train --steps 20")
     spec = ClusterSpec(args.nodes, args.ranks_per_node, args.bandwidth, args.latency)
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed job still removes its namespaces
     try:
         result = run_on_cluster(spec, arguments, args.timeout)
     except RuntimeError as error:
@@ -146,6 +148,10 @@ def _run_cluster(args) -> int:
         print(f"node {node} link: sent {counters['tx_bytes'] / 1e6:.3f} MB, received {counters['rx_bytes'] / 1e6:.3f} MB")
     print(f"exit codes {result['exit_codes']}; logs in {result['logs']}")
     return 0 if all(code == 0 for code in result["exit_codes"]) else 1
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _run_export(args) -> int:
