@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"zeropp: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("zeropp: interrupted; everything started was stopped and removed", file=sys.stderr)
+        return 130
 
 
 def _run_cluster(args) -> int:
