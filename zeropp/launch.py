@@ -92,6 +92,12 @@ def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank, colle
         dist.destroy_process_group()
 
 
+def finish_distributed() -> None:
+    """Leave the world cleanly: wait for every rank, then tear the process group down."""
+    _wait_for_peers()
+    dist.destroy_process_group()
+
+
 def _wait_for_peers() -> None:
     """Tear down only when every rank is done: a rank that closes its connections while a
     peer still reads from them makes gloo abort that peer. A peer that is gone already

@@ -76,21 +76,33 @@ def measure_fsdp2(spec: ClusterSpec, variant: str, train_arguments: list[str]) -
     }
 
 
-def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[str], train_arguments: list[str]) -> dict:
+def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[str], train_arguments: list[str],
+        out: Path) -> dict:
+    """Measures every (bandwidth, variant); the JSON is rewritten after each run, and a failed
+    run is recorded with its logs instead of ending the benchmark."""
     report = {"layout": f"{nodes}x{ranks_per_node}", "train_arguments": train_arguments, "results": {}}
     for text in bandwidths:
         spec = ClusterSpec(nodes, ranks_per_node, _bandwidth(text))
         row = report["results"].setdefault(text, {})
         for variant in variants:
-            if variant in FSDP2_VARIANTS:
-                row[variant] = measure_fsdp2(spec, variant, train_arguments)
-            else:
-                row[variant] = measure(spec, variant, train_arguments)
+            try:
+                if variant in FSDP2_VARIANTS:
+                    row[variant] = measure_fsdp2(spec, variant, train_arguments)
+                else:
+                    row[variant] = measure(spec, variant, train_arguments)
+            except RuntimeError as error:
+                row[variant] = {"error": str(error)}
+                print(f"{text:>9} Mbit/s {variant:<20} FAILED: {error}", flush=True)
+                continue
+            finally:
+                (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
             exposed = row[variant].get("exposed_fraction")
             print(f"{text:>9} Mbit/s {variant:<20} {row[variant]['tokens_per_s']:>10,.0f} tokens/s"
                   + (f", exposed comm {exposed:.0%}" if exposed is not None else ""), flush=True)
-        for variant in variants:
-            row[variant]["speedup_vs_zero3"] = row[variant]["tokens_per_s"] / row["zero3"]["tokens_per_s"] if "zero3" in row else None
+        baseline = row.get("zero3", {}).get("tokens_per_s")
+        for result in row.values():
+            if "tokens_per_s" in result and baseline:
+                result["speedup_vs_zero3"] = result["tokens_per_s"] / baseline
     return report
 
 
@@ -101,6 +113,9 @@ def markdown(report: dict) -> str:
         cells = []
         for variant in variants:
             r = row[variant]
+            if "error" in r:
+                cells.append("failed")
+                continue
             speedup = f" ({r['speedup_vs_zero3']:.2f}x)" if r.get("speedup_vs_zero3") else ""
             exposed = f", comm {r['exposed_fraction']:.0%}" if "exposed_fraction" in r else ""
             cells.append(f"{r['tokens_per_s']:,.0f}{speedup}{exposed}")
@@ -118,7 +133,9 @@ def plot(report: dict, path: Path) -> None:
     variants = list(report["results"][bandwidths[0]])
     figure, axis = plt.subplots(figsize=(7, 4))
     for variant in variants:
-        axis.plot(bandwidths, [report["results"][b][variant]["tokens_per_s"] for b in bandwidths], "o-", label=variant)
+        points = [(b, report["results"][b][variant].get("tokens_per_s")) for b in bandwidths]
+        points = [(b, v) for b, v in points if v is not None]
+        axis.plot([b for b, _ in points], [v for _, v in points], "o-", label=variant)
     axis.set_xlabel("inter-node bandwidth per node (Mbit/s)")
     axis.set_ylabel("tokens/s")
     axis.set_title(f"GPT on an emulated {report['layout']} cluster")
@@ -130,10 +147,9 @@ def plot(report: dict, path: Path) -> None:
 def main(args) -> int:
     train_arguments = ["--model", args.model, "--steps", str(args.steps), "--batch-per-rank", str(args.batch_per_rank),
                        "--seq-len", str(args.seq_len), "--precision", args.precision]
-    report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), args.variants.split(","), train_arguments)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+    report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), args.variants.split(","), train_arguments, out)
     (out / "throughput.md").write_text(markdown(report) + "\n")
     plot(report, out / "throughput.png")
     print(markdown(report))

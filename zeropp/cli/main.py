@@ -17,7 +17,7 @@ from ..accounting import format_table
 from ..config import DTYPES, ZeroConfig
 from ..deepspeed_config import load_deepspeed_config
 from ..topology import Layout
-from ..launch import init_from_torchrun, spawn_ranks
+from ..launch import finish_distributed, init_from_torchrun, spawn_ranks
 from ..train import TrainConfig, train
 from ..train.loop import write_summary
 
@@ -216,6 +216,7 @@ def run_training(args) -> int:
     if under_torchrun:
         rank, world_size = init_from_torchrun(args.timeout)
         summary = train(rank, world_size, config)
+        finish_distributed()  # a rank that exits while peers still read makes gloo abort them
         if rank != 0:
             return 0
     else:
