@@ -21,4 +21,7 @@ test: setup
 	$(PYTHON) -m pytest -q
 
 bench: setup
-	$(PYTHON) -m pytest -q -m slow -s
+	$(VENV)/bin/zeropp bench comm
+	$(VENV)/bin/zeropp bench quant
+	$(VENV)/bin/zeropp bench grad-error
+	$(PYTHON) benchmarks/bench_fsdp2.py
