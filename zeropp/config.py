@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import math
 
@@ -146,3 +146,16 @@ class ZeroConfig:
             alignment = math.lcm(alignment, self.quantization_block_size * self.gradient_chunks)
         return alignment
 
+
+
+def standard_variants(ranks_per_node: int) -> dict[str, ZeroConfig]:
+    """ZeRO-3, each ZeRO++ optimization alone and all three (hpZ over the whole node), in
+    bf16: the set every report compares."""
+    base = ZeroConfig(compute_dtype="bf16", reduce_dtype="bf16")
+    return {
+        "zero3": base,
+        "qwz": replace(base, quantized_weights=True),
+        "hpz": replace(base, hpz_size=ranks_per_node),
+        "qgz": replace(base, quantized_gradients=True),
+        "zero++": replace(base, quantized_weights=True, hpz_size=ranks_per_node, quantized_gradients=True),
+    }

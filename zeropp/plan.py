@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from .accounting import FlatSummary, predicted_step_bytes
-from .config import ZeroConfig
+from .config import ZeroConfig, standard_variants
 from .models import GPT, Block, GPTConfig
 from .sharding import plan_units
 from .sharding.flat_param import shard_numel_for
@@ -97,20 +97,9 @@ def predict(work: Work, cluster: Cluster, config: ZeroConfig) -> dict:
             "inter_node_bytes_per_step": inbound, "tokens_per_s": work.tokens_per_rank * layout.world_size / step}
 
 
-def variants(ranks_per_node: int) -> dict[str, ZeroConfig]:
-    base = ZeroConfig(compute_dtype="bf16")
-    return {
-        "zero3": base,
-        "qwz": replace(base, quantized_weights=True),
-        "hpz": replace(base, hpz_size=ranks_per_node),
-        "qgz": replace(base, quantized_gradients=True),
-        "zero++": replace(base, quantized_weights=True, hpz_size=ranks_per_node, quantized_gradients=True),
-    }
-
-
 def recommend(work: Work, cluster: Cluster) -> tuple[str, dict]:
     """The fastest variant for this work and cluster, with every variant's prediction."""
-    predictions = {name: predict(work, cluster, config) for name, config in variants(cluster.ranks_per_node).items()}
+    predictions = {name: predict(work, cluster, config) for name, config in standard_variants(cluster.ranks_per_node).items()}
     return min(predictions, key=lambda name: predictions[name]["step_s"]), predictions
 
 

@@ -8,31 +8,16 @@ the accounting of real runs and predicted by the analytic model, side by side.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ..config import ZeroConfig
+from ..config import standard_variants
 from ..engine import ShardedModel
 from ..launch import spawn_ranks
 from ..models import GPT, Block, GPTConfig
 from ..optim import ShardedOptimizer
 from ..topology import Topology
-
-BASE = ZeroConfig(compute_dtype="bf16", reduce_dtype="bf16")
-
-
-def variants(ranks_per_node: int) -> dict[str, ZeroConfig]:
-    """ZeRO-3, each optimization alone, and all three (hpZ over the whole node)."""
-    return {
-        "zero3": BASE,
-        "qwz": replace(BASE, quantized_weights=True),
-        "hpz": replace(BASE, hpz_size=ranks_per_node),
-        "qgz": replace(BASE, quantized_gradients=True),
-        "zero++": replace(BASE, quantized_weights=True, hpz_size=ranks_per_node, quantized_gradients=True),
-    }
-
 
 def measure_variants(rank: int, world_size: int, ranks_per_node: int, model_size: str, tokens: tuple[int, int]):
     """For every variant: measured and predicted bytes of this rank's second step."""
@@ -41,7 +26,7 @@ def measure_variants(rank: int, world_size: int, ranks_per_node: int, model_size
     generator = torch.Generator().manual_seed(rank)
     data = torch.randint(0, 256, (batch, seq_len + 1), generator=generator)
     results = {}
-    for name, config in variants(ranks_per_node).items():
+    for name, config in standard_variants(ranks_per_node).items():
         torch.manual_seed(0)
         model = ShardedModel(GPT(GPTConfig.preset(model_size, block_size=seq_len)), topology, config, unit_classes=(Block,))
         optimizer = ShardedOptimizer(model, lambda params: torch.optim.AdamW(params, lr=1e-3))
