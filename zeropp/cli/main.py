@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--weight-bits", type=int, default=8)
     trainer.add_argument("--gradient-bits", default="4,4", help="qgZ bits intra-node,inter-node")
     trainer.add_argument("--block-size", type=int, default=256, help="values per quantization block")
+    trainer.add_argument("--gradient-chunks", type=int, default=2, help="qgZ pipeline chunks per unit")
+    trainer.add_argument("--compile-quantization", action="store_true", help="quantize with torch.compile")
     trainer.add_argument("--deepspeed-config", default=None, help="DeepSpeed-style JSON (zero_optimization, bf16, ...)")
     trainer.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
     trainer.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
@@ -238,6 +240,7 @@ def _zero_config(args) -> tuple[ZeroConfig, dict]:
         compute_dtype=args.precision, reduce_dtype=args.reduce_dtype, activation_checkpointing=args.checkpointing,
         quantized_weights=args.qwz, weight_bits=args.weight_bits, hpz_size=args.hpz, quantized_gradients=args.qgz,
         gradient_bits_intra_node=intra, gradient_bits_inter_node=inter, quantization_block_size=args.block_size,
+        gradient_chunks=args.gradient_chunks, compile_quantization=args.compile_quantization,
     )
     return zero, {}
 
