@@ -1,17 +1,21 @@
 """``zeropp study convergence``: does the model learn as well under compressed communication?
 
-    zeropp study convergence --out runs/convergence          # ~40 minutes on 2 CPU cores
+    zeropp study convergence --out runs/convergence          # ~65 minutes on 2 CPU cores
 
-Trains the GPT on the standard-library corpus, 4 ranks as 2 nodes x 2, under ZeRO-3 (three
-seeds: the run-to-run noise band) and each compressed variant (seed 0: the same initial
-weights and data order as ZeRO-3's first run). Writes each run's metrics (JSON lines), a
-plot of validation loss per variant and of its gap to ZeRO-3, and a table (markdown and
-JSON) of final validation loss, gap in percent and cross-node bytes per step.
+Trains the GPT on the standard-library corpus, 4 ranks as 2 nodes x 2, under ZeRO-3 and each
+compressed variant. The main variants run once per seed, and every seed gives ZeRO-3 and the
+variant the same initial weights and data order, so each gap is read as a paired difference
+(variant minus ZeRO-3 at the same seed); ZeRO-3's spread over seeds is the noise band.
+Variants in ``EXTRA`` run at the first seed only. Each finished run leaves
+``<run>.summary.json``; running the study again skips those, so an interrupted study resumes.
+Writes each run's metrics (JSON lines), a plot of validation loss per variant and of its
+paired gap to ZeRO-3, and a table (markdown and JSON).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,60 +24,84 @@ from ..launch import spawn_ranks
 from ..train import TrainConfig, train
 
 ZERO_PP = dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)
-VARIANTS: dict[str, tuple[int, ZeroConfig]] = {
-    "zero3": (0, ZeroConfig()),
-    "zero3 seed 1": (1, ZeroConfig()),
-    "zero3 seed 2": (2, ZeroConfig()),
-    "zero++ (int8 w, int4/int4 g)": (0, ZeroConfig(**ZERO_PP)),
-    "zero++ with int4 weights": (0, ZeroConfig(**ZERO_PP, weight_bits=4)),
-    "ours (int8 w, int8/int4 g + error feedback)": (
-        0, ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8, gradient_error_feedback=True),
-    ),
+BASELINE = "zero3"
+MAIN: dict[str, ZeroConfig] = {
+    BASELINE: ZeroConfig(),
+    "zero++ (int8 w, int4/int4 g)": ZeroConfig(**ZERO_PP),
+    "ours (int8 w, int8/int4 g)": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
+}
+EXTRA: dict[str, ZeroConfig] = {
+    "zero++ with int4 weights": ZeroConfig(**ZERO_PP, weight_bits=4),
 }
 
 
-def _run_name(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+def _run_name(name: str, seed: int) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_") + f"_seed{seed}"
 
 
-def run_study(base: TrainConfig, out: Path, variants: dict = VARIANTS) -> dict:
+def _runs(seeds: list[int]) -> list[tuple[str, int, ZeroConfig]]:
+    runs = [(name, seed, zero) for seed in seeds for name, zero in MAIN.items()]
+    return runs + [(name, seeds[0], zero) for name, zero in EXTRA.items()]
+
+
+def _run_once(base: TrainConfig, out: Path, name: str, seed: int, zero: ZeroConfig) -> dict:
+    """Train one run, or read the summary a previous study left for it."""
+    summary_path = out / f"{_run_name(name, seed)}.summary.json"
+    if summary_path.exists():
+        print(f"{name}, seed {seed}: finished earlier, reusing {summary_path}", flush=True)
+        return json.loads(summary_path.read_text())
+    config = replace(base, seed=seed, zero=zero, metrics_path=str(out / f"{_run_name(name, seed)}.jsonl"))
+    summary = spawn_ranks(train, 4, (config,), timeout_s=6 * 3600)[0]
+    inter_node = sum(row.get("received_inter_node", 0) for row in summary["comm_per_step"].values())
+    kept = {"validation_loss": summary["validation_loss"], "tokens_per_s": summary["tokens_per_s"],
+            "cross_node_bytes_per_step": inter_node, "config": summary["config"]}
+    summary_path.write_text(json.dumps(kept, indent=2) + "\n")
+    print(f"{name}, seed {seed}: final validation loss {kept['validation_loss']:.4f} "
+          f"({kept['tokens_per_s']:,.0f} tokens/s)", flush=True)
+    return kept
+
+
+def run_study(base: TrainConfig, out: Path, seeds: list[int]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    summaries = {}
-    for name, (seed, zero) in variants.items():
-        config = replace(base, seed=seed, zero=zero, metrics_path=str(out / f"{_run_name(name)}.jsonl"))
-        summary = spawn_ranks(train, 4, (config,), timeout_s=6 * 3600)[0]
-        summaries[name] = summary
-        print(f"{name}: final validation loss {summary['validation_loss']:.4f} "
-              f"({summary['tokens_per_s']:,.0f} tokens/s)", flush=True)
-    report = _table(summaries, out)
+    results: dict[str, dict[int, dict]] = {}
+    for name, seed, zero in _runs(seeds):
+        results.setdefault(name, {})[seed] = _run_once(base, out, name, seed, zero)
+    report = _table(results)
     (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "table.md").write_text(_markdown(report) + "\n")
-    _plot(variants, out)
+    _plot(results, out)
     print(_markdown(report))
     return report
 
 
-def _table(summaries: dict, out: Path) -> dict:
-    baseline = summaries["zero3"]["validation_loss"]
-    noise = [abs(s["validation_loss"] - baseline) / baseline * 100 for n, s in summaries.items() if n.startswith("zero3 seed")]
+def _table(results: dict[str, dict[int, dict]]) -> dict:
+    """Per variant: final validation loss per seed and the paired gap to ZeRO-3 in percent."""
+    baseline = {seed: run["validation_loss"] for seed, run in results[BASELINE].items()}
     rows = {}
-    for name, summary in summaries.items():
-        inter = sum(row.get("received_inter_node", 0) for row in summary["comm_per_step"].values())
+    for name, runs in results.items():
+        gaps = {seed: (run["validation_loss"] - baseline[seed]) / baseline[seed] * 100 for seed, run in runs.items()}
         rows[name] = {
-            "final_validation_loss": summary["validation_loss"],
-            "gap_percent": (summary["validation_loss"] - baseline) / baseline * 100,
-            "cross_node_bytes_per_step": inter,
-            "metrics": str(out / f"{_run_name(name)}.jsonl"),
+            "final_validation_loss": {seed: run["validation_loss"] for seed, run in runs.items()},
+            "gap_percent": gaps,
+            "mean_gap_percent": statistics.mean(gaps.values()),
+            "cross_node_bytes_per_step": max(run["cross_node_bytes_per_step"] for run in runs.values()),
         }
-    return {"noise_band_percent": max(noise) if noise else None, "runs": rows}
+    losses = list(baseline.values())
+    noise = (max(losses) - min(losses)) / statistics.mean(losses) * 100 if len(losses) > 1 else None
+    return {"seeds": sorted(baseline), "noise_band_percent": noise, "runs": rows}
 
 
 def _markdown(report: dict) -> str:
-    lines = ["| run | final validation loss | gap to ZeRO-3 | cross-node MB/step (rank 0) |", "|---|---|---|---|"]
+    seeds = report["seeds"]
+    header = "| run | " + " | ".join(f"loss, seed {s}" for s in seeds) + " | paired gap per seed | mean gap | cross-node MB/step (rank 0) |"
+    lines = [header, "|---" * (len(seeds) + 4) + "|"]
     for name, row in report["runs"].items():
-        lines.append(f"| {name} | {row['final_validation_loss']:.4f} | {row['gap_percent']:+.2f}% | "
+        losses = " | ".join(f"{row['final_validation_loss'][s]:.4f}" if s in row["final_validation_loss"] else "-" for s in seeds)
+        gaps = ", ".join(f"{gap:+.2f}%" for gap in row["gap_percent"].values())
+        lines.append(f"| {name} | {losses} | {gaps} | {row['mean_gap_percent']:+.2f}% | "
                      f"{row['cross_node_bytes_per_step'] / 1e6:.3f} |")
-    lines.append(f"\nZeRO-3 seed-to-seed noise band: {report['noise_band_percent']:.2f}%")
+    if report["noise_band_percent"] is not None:
+        lines.append(f"\nZeRO-3 final validation loss across seeds (max - min over mean): {report['noise_band_percent']:.2f}%")
     return "\n".join(lines)
 
 
@@ -87,32 +115,42 @@ def _curves(path: Path) -> tuple[list[int], list[float]]:
     return steps, losses
 
 
-def _plot(variants: dict, out: Path) -> None:
+def _plot(results: dict[str, dict[int, dict]], out: Path) -> None:
+    """Top: validation loss per variant (mean over its seeds). Bottom: paired gap to ZeRO-3, mean and range."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
-    base_steps, base = _curves(out / f"{_run_name('zero3')}.jsonl")
-    for name in variants:
-        steps, losses = _curves(out / f"{_run_name(name)}.jsonl")
-        style = ":" if name.startswith("zero3 seed") else "-"
-        top.plot(steps, losses, style, label=name)
-        bottom.plot(steps, [(a - b) / b * 100 for a, b in zip(losses, base)], style, label=name)
-    top.set_ylabel("validation loss")
+    baseline = {seed: _curves(out / f"{_run_name(BASELINE, seed)}.jsonl")[1] for seed in results[BASELINE]}
+    for name, runs in results.items():
+        curves = {seed: _curves(out / f"{_run_name(name, seed)}.jsonl") for seed in runs}
+        steps = next(iter(curves.values()))[0]
+        per_seed = [[(a - b) / b * 100 for a, b in zip(curves[seed][1], baseline[seed])] for seed in runs]
+        top.plot(steps, [statistics.mean(values) for values in zip(*(c[1] for c in curves.values()))],
+                 label=f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        line, = bottom.plot(steps, [statistics.mean(values) for values in zip(*per_seed)], label=name)
+        if len(runs) > 1:
+            bottom.fill_between(steps, [min(v) for v in zip(*per_seed)], [max(v) for v in zip(*per_seed)],
+                                color=line.get_color(), alpha=0.15)
+    top.set_ylabel("validation loss (mean over seeds)")
     top.legend(fontsize=8)
     bottom.axhline(0, color="black", linewidth=0.5)
-    bottom.set_ylabel("gap to ZeRO-3 (%)")
+    bottom.set_ylabel("paired gap to ZeRO-3 (%), mean and range")
     bottom.set_xlabel("step")
     figure.tight_layout()
     figure.savefig(out / "convergence.png", dpi=110)
 
 
 def main(args) -> int:
+    try:
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     base = TrainConfig(
         model_size=args.model, steps=args.steps, batch_per_rank=args.batch_per_rank, seq_len=args.seq_len,
         learning_rate=args.lr, eval_every=args.eval_every, eval_batches=args.eval_batches, ranks_per_node=2,
     )
-    run_study(base, Path(args.out))
+    run_study(base, Path(args.out), seeds)
     return 0
