@@ -3,7 +3,7 @@
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: demo test bench setup
+.PHONY: demo test bench setup deepspeed-setup
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,3 +25,18 @@ bench: setup
 	$(VENV)/bin/zeropp bench quant
 	$(VENV)/bin/zeropp bench grad-error
 	$(PYTHON) benchmarks/bench_fsdp2.py
+
+# DeepSpeed for the side-by-side throughput benchmark only: a separate environment, never a
+# dependency of zeropp. DS_BUILD_OPS=0 skips its CUDA extensions; zeropp itself is installed
+# without dependencies so the benchmark script can import the same GPT and corpus.
+DEEPSPEED_VENV := .venv-deepspeed
+
+$(DEEPSPEED_VENV)/.installed:
+	python3 -m venv $(DEEPSPEED_VENV)
+	$(DEEPSPEED_VENV)/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(DEEPSPEED_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy tqdm safetensors
+	DS_BUILD_OPS=0 DS_ACCELERATOR=cpu $(DEEPSPEED_VENV)/bin/python -m pip install --quiet --no-build-isolation deepspeed==0.19.8
+	$(DEEPSPEED_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+deepspeed-setup: $(DEEPSPEED_VENV)/.installed

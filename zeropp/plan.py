@@ -3,6 +3,7 @@
     zeropp plan --model small --tokens-per-rank 256 --nodes 2 --ranks-per-node 2 \
                 --inter-node-mbit 200 --rank-gflops 5
     zeropp plan --paper                 # the ZeRO++ paper's clusters and models
+    zeropp plan --compare runs/bench/throughput/throughput.json   # vs emulated-cluster runs
 
 Step time = compute + the communication that compute cannot hide. Bytes per hop come from
 the same analytic volume the accounting is tested against (``predicted_step_bytes``):
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -121,7 +122,52 @@ def paper_predictions(flops_per_s: float = 45e12) -> dict:
     return result
 
 
+def compare(report: dict) -> list[dict]:
+    """The planner against ``zeropp bench throughput`` measurements on the emulated cluster.
+
+    Each variant's compute time is calibrated once, from its own unshaped run (there the
+    link is not what limits the step); every shaped run is then predicted from the analytic
+    bytes and the link's bandwidth alone, and compared with its measured median step."""
+    arguments = dict(zip(report["train_arguments"][::2], report["train_arguments"][1::2]))
+    nodes, ranks_per_node = (int(n) for n in report["layout"].split("x"))
+    tokens = int(arguments["--batch-per-rank"]) * int(arguments["--seq-len"])
+    work = gpt_work(arguments["--model"], tokens, 1.0)
+    unshaped = report["results"].get("none", {})
+    rows = []
+    for bandwidth, results in report["results"].items():
+        if bandwidth == "none":
+            continue
+        cluster = Cluster(nodes, ranks_per_node, float(bandwidth) * 1e6 / 8)
+        for name, config in standard_variants(ranks_per_node).items():
+            if "median_step_s" not in results.get(name, {}) or "median_step_s" not in unshaped.get(name, {}):
+                continue
+            compute = unshaped[name]["median_step_s"]
+            calibrated = replace(work, flops_per_s=6 * work.num_parameters * tokens / compute)
+            predicted = predict(calibrated, cluster, config)["step_s"]
+            measured = results[name]["median_step_s"]
+            rows.append({"bandwidth_mbit": float(bandwidth), "variant": name, "measured_step_s": measured,
+                         "predicted_step_s": predicted, "error_percent": (predicted - measured) / measured * 100})
+    return rows
+
+
+def _print_comparison(rows: list[dict]) -> None:
+    print("| Mbit/s | variant | measured step (ms) | predicted (ms) | error |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['bandwidth_mbit']:g} | {row['variant']} | {row['measured_step_s'] * 1e3:.1f} | "
+              f"{row['predicted_step_s'] * 1e3:.1f} | {row['error_percent']:+.1f}% |")
+    worst = max(abs(row["error_percent"]) for row in rows)
+    print(f"\nlargest error: {worst:.1f}% over {len(rows)} shaped runs")
+
+
 def main(args) -> int:
+    if args.compare:
+        with open(args.compare) as file:
+            rows = compare(json.load(file))
+        if not rows:
+            raise ValueError(f"--compare: {args.compare} has no variant measured both unshaped and shaped")
+        _print_comparison(rows)
+        return 0
     if args.paper:
         report = paper_predictions()
         for setting, row in report.items():

@@ -55,25 +55,43 @@ def measure(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict
     }
 
 
-FSDP2_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fsdp2_train.py"
-FSDP2_VARIANTS = ("fsdp2", "fsdp2-reshard-node", "fsdp2-hsdp")
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+DEEPSPEED_PYTHON = Path(__file__).resolve().parents[2] / ".venv-deepspeed" / "bin" / "python"
+# Peers on the same cluster and work: variant -> (script in benchmarks/, its --variant).
+PEERS = {
+    "fsdp2": ("fsdp2_train.py", "plain"),
+    "fsdp2-reshard-node": ("fsdp2_train.py", "reshard-node"),
+    "fsdp2-hsdp": ("fsdp2_train.py", "hsdp"),
+    "deepspeed-zero3": ("deepspeed_train.py", "zero3"),
+    "deepspeed-zero++": ("deepspeed_train.py", "zero++"),
+}
 
 
-def measure_fsdp2(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict:
-    """FSDP2 on the same cluster and work (no accounting: link counters only)."""
-    out = Path(tempfile.mkdtemp(prefix="zeropp-fsdp2-"))
-    flavour = variant.removeprefix("fsdp2-") if variant != "fsdp2" else "plain"
+def measure_peer(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict:
+    """FSDP2 or DeepSpeed on the same cluster and work (no accounting: link counters only).
+    DeepSpeed runs from its own environment (``make deepspeed-setup``)."""
+    script, flavour = PEERS[variant]
+    out = Path(tempfile.mkdtemp(prefix=f"zeropp-{variant}-"))
     arguments = [*train_arguments, "--variant", flavour, "--out", str(out)]
-    result = run_on_cluster(spec, arguments, timeout_s=1800, program=[str(FSDP2_SCRIPT)])
+    launch = {}
+    if variant.startswith("deepspeed"):
+        if not DEEPSPEED_PYTHON.exists():
+            raise RuntimeError(f"{variant} needs DeepSpeed's separate environment: run `make deepspeed-setup` first")
+        launch = {"python": str(DEEPSPEED_PYTHON),
+                  "environment": {"DS_ACCELERATOR": "cpu", "LOCAL_SIZE": str(spec.ranks_per_node)}}
+    result = run_on_cluster(spec, arguments, timeout_s=1800, program=[str(BENCHMARKS / script)], **launch)
     if result["exit_codes"] != [0] * spec.num_nodes:
         raise RuntimeError(f"{variant} at {spec.bandwidth_mbit} Mbit/s failed; logs in {result['logs']}")
     summary = json.loads((out / "summary.json").read_text())
-    return {
+    measured = {
         "tokens_per_s": summary["tokens_per_s"],
         "median_step_s": summary["median_step_s"],
         "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
         "final_train_loss": summary["losses"][-1],
     }
+    if "stand_in_quantizer_calls" in summary:
+        measured["stand_in_quantizer_calls"] = summary["stand_in_quantizer_calls"]
+    return measured
 
 
 def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[str], train_arguments: list[str],
@@ -86,8 +104,8 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
         row = report["results"].setdefault(text, {})
         for variant in variants:
             try:
-                if variant in FSDP2_VARIANTS:
-                    row[variant] = measure_fsdp2(spec, variant, train_arguments)
+                if variant in PEERS:
+                    row[variant] = measure_peer(spec, variant, train_arguments)
                 else:
                     row[variant] = measure(spec, variant, train_arguments)
             except RuntimeError as error:

@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--inter-node-mbit", type=float, default=200.0)
     plan.add_argument("--rank-gflops", type=float, default=5.0, help="FLOP/s one rank achieves on the model, in G")
     plan.add_argument("--paper", action="store_true", help="predict the ZeRO++ paper's settings instead")
+    plan.add_argument("--compare", metavar="THROUGHPUT_JSON",
+                      help="compare predictions with a `zeropp bench throughput` result file")
     study = commands.add_parser("study", help="long studies").add_subparsers(dest="study", required=True)
     convergence = study.add_parser("convergence", help="loss under ZeRO-3 and compressed variants, 2 nodes x 2")
     convergence.add_argument("--model", default="small")

@@ -16,9 +16,10 @@ MASTER_PORT = 29517
 ZEROPP_CLI = ["-m", "zeropp.cli.main"]
 
 
-def torchrun_command(spec: ClusterSpec, node: int, master: str, arguments: list[str], program: list[str]) -> list[str]:
+def torchrun_command(spec: ClusterSpec, node: int, master: str, arguments: list[str], program: list[str],
+                     python: str = sys.executable) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        python, "-m", "torch.distributed.run",
         "--nnodes", str(spec.num_nodes), "--node-rank", str(node), "--nproc-per-node", str(spec.ranks_per_node),
         "--master-addr", master, "--master-port", str(MASTER_PORT),
         *program, *arguments,
@@ -27,7 +28,7 @@ def torchrun_command(spec: ClusterSpec, node: int, master: str, arguments: list[
 
 def run_on_cluster(
     spec: ClusterSpec, arguments: list[str], timeout_s: float = 3600, logs: Path | None = None,
-    program: list[str] = ZEROPP_CLI,
+    program: list[str] = ZEROPP_CLI, python: str = sys.executable, environment: dict | None = None,
 ) -> dict:
     """Run ``zeropp <arguments>`` (or another torchrun ``program``) over the cluster; returns
     exit codes, node-0 output and the bytes each node's link carried during the run."""
@@ -35,10 +36,10 @@ def run_on_cluster(
     logs.mkdir(parents=True, exist_ok=True)
     with EmulatedCluster(spec) as cluster:
         before = cluster.interface_bytes()
-        environment = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+        environment = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", **(environment or {})}
         processes = [
             cluster.popen(
-                node, torchrun_command(spec, node, cluster.address(0), arguments, program),
+                node, torchrun_command(spec, node, cluster.address(0), arguments, program, python),
                 logs / f"node{node}.log", environment,
             )
             for node in range(spec.num_nodes)

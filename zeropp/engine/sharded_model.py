@@ -58,7 +58,7 @@ class ShardedModel(nn.Module):
         self._backward_order = ExecutionOrder()
         self._in_backward = False
         self._pending_reductions: list = []
-        self.nonfinite_units: list[str] = []  # units whose local gradient had NaN/inf
+        self._gradient_sums: list[tuple[str, torch.Tensor]] = []  # (unit, sum of its local gradient)
         if self.config.sync_module_states:
             self._broadcast_buffers()
         self._register_hooks()
@@ -229,11 +229,22 @@ class ShardedModel(nn.Module):
         self._prefetch(self._backward_order, unit)
         return None
 
+    def take_nonfinite_units(self) -> list[str]:
+        """Units whose local gradient had NaN or inf since the last call."""
+        sums, self._gradient_sums = self._gradient_sums, []
+        if not sums:
+            return []
+        finite = torch.isfinite(torch.stack([total for _, total in sums])).tolist()
+        return [name for (name, _), ok in zip(sums, finite) if not ok]
+
     def _on_grad_ready(self, flat: FlatParam, full: torch.Tensor) -> None:
         grad = full.grad  # [padded_numel], compute dtype
         full.grad = None
-        if not torch.isfinite(grad).all():  # name the source before the reduction spreads it
-            self.nonfinite_units.append(flat.name)
+        # Kept to name the source of a NaN/inf before the reduction spreads it. A sum is
+        # non-finite exactly when some element is (fp32 accumulation of finite gradients does
+        # not overflow in practice), costs one pass instead of isfinite's several, and stays on
+        # the device: it is read once per step, in take_nonfinite_units.
+        self._gradient_sums.append((flat.name, grad.sum(dtype=torch.float32)))
         self._pending_reductions.append((flat, self._gradients.start(grad, flat.name)))
         flat.free_full()
         for _, pending in self._pending_reductions:  # in order: hops must match across ranks

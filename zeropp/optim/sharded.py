@@ -79,13 +79,13 @@ class ShardedOptimizer:
         """{rank: units} of every rank whose local gradients had NaN or inf this step
         ({-1: [...]} when only the reduction overflowed)."""
         topology = self.model.topology
-        local = list(self.model.nonfinite_units)
-        self.model.nonfinite_units.clear()
+        local = self.model.take_nonfinite_units()
         # flags[r]: rank r's own gradients were non-finite; flags[-1]: some reduced shard is
         # (finite inputs can still overflow when summed in a narrow reduce dtype).
         flags = torch.zeros(topology.world_size + 1, dtype=torch.float32)
         flags[topology.rank] = float(bool(local))
-        flags[-1] = float(any(not torch.isfinite(p.grad).all() for p in self.model.master_parameters() if p.grad is not None))
+        sums = [p.grad.sum(dtype=torch.float32) for p in self.model.master_parameters() if p.grad is not None]
+        flags[-1] = float(bool(sums) and not torch.isfinite(torch.stack(sums)).all())
         self.model.communicator.all_reduce_sum(flags, topology.group("world"), "grad_check")
         if not flags[:-1].any():
             return {-1: ["<overflow in the gradient reduction>"]} if flags[-1] > 0 else {}
