@@ -56,9 +56,8 @@ class WeightGather:
             pending.work.wait()
         if pending.packed is not None:
             rows = pending.packed.view(self.world.size, -1)  # one packed shard per rank
-            flat.full_data.view(self.world.size, -1).copy_(
-                dequantize(rows, self.format, flat.shard_numel, flat.compute_dtype)
-            )
+            # Dequantized in fp32; the copy rounds to the compute dtype in the same pass.
+            flat.full_data.view(self.world.size, -1).copy_(dequantize(rows, self.format, flat.shard_numel))
         if self.hpz is not None and pending.from_primary:
             flat.secondary = self._secondary_part(pending.packed if pending.packed is not None else flat.full_data)
 
