@@ -150,14 +150,16 @@ def compare(report: dict) -> list[dict]:
     return rows
 
 
-def _print_comparison(rows: list[dict]) -> None:
-    print("| Mbit/s | variant | measured step (ms) | predicted (ms) | error |")
-    print("|---|---|---|---|---|")
+def comparison_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return "planner: no variant was measured both unshaped and shaped"
+    lines = ["| Mbit/s | variant | measured step (ms) | planner (ms) | error |", "|---|---|---|---|---|"]
     for row in rows:
-        print(f"| {row['bandwidth_mbit']:g} | {row['variant']} | {row['measured_step_s'] * 1e3:.1f} | "
-              f"{row['predicted_step_s'] * 1e3:.1f} | {row['error_percent']:+.1f}% |")
+        lines.append(f"| {row['bandwidth_mbit']:g} | {row['variant']} | {row['measured_step_s'] * 1e3:.1f} | "
+                     f"{row['predicted_step_s'] * 1e3:.1f} | {row['error_percent']:+.1f}% |")
     worst = max(abs(row["error_percent"]) for row in rows)
-    print(f"\nlargest error: {worst:.1f}% over {len(rows)} shaped runs")
+    lines.append(f"\nplanner vs measured: largest error {worst:.1f}% over {len(rows)} shaped runs")
+    return "\n".join(lines)
 
 
 def main(args) -> int:
@@ -166,7 +168,7 @@ def main(args) -> int:
             rows = compare(json.load(file))
         if not rows:
             raise ValueError(f"--compare: {args.compare} has no variant measured both unshaped and shaped")
-        _print_comparison(rows)
+        print(comparison_markdown(rows))
         return 0
     if args.paper:
         report = paper_predictions()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..cluster import ClusterSpec
 from ..cluster.launch import run_on_cluster
+from ..plan import compare, comparison_markdown
 
 VARIANTS = {
     "zero3": [],
@@ -137,7 +138,8 @@ def markdown(report: dict) -> str:
             speedup = f" ({r['speedup_vs_zero3']:.2f}x)" if r.get("speedup_vs_zero3") else ""
             exposed = f", comm {r['exposed_fraction']:.0%}" if "exposed_fraction" in r else ""
             cells.append(f"{r['tokens_per_s']:,.0f}{speedup}{exposed}")
-        lines.append(f"| {bandwidth} | " + " | ".join(cells) + " |")
+        label = "unshaped" if _bandwidth(bandwidth) is None else bandwidth
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -165,11 +167,18 @@ def plot(report: dict, path: Path) -> None:
 def main(args) -> int:
     train_arguments = ["--model", args.model, "--steps", str(args.steps), "--batch-per-rank", str(args.batch_per_rank),
                        "--seq-len", str(args.seq_len), "--precision", args.precision]
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS and v not in PEERS]
+    if unknown:
+        raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), args.variants.split(","), train_arguments, out)
-    (out / "throughput.md").write_text(markdown(report) + "\n")
+    report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out)
+    report["planner"] = compare(report)  # the planner's step times against these measurements
+    (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "throughput.md").write_text(markdown(report) + "\n\n" + comparison_markdown(report["planner"]) + "\n")
     plot(report, out / "throughput.png")
     print(markdown(report))
+    print(comparison_markdown(report["planner"]))
     print(f"wrote {out}/throughput.json, throughput.md, throughput.png")
     return 0

@@ -96,9 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     throughput.add_argument("--nodes", type=int, default=2)
     throughput.add_argument("--ranks-per-node", type=int, default=2)
     throughput.add_argument("--bandwidths", default="none,1000,200,50", help="Mbit/s per node link; none = unshaped")
-    throughput.add_argument("--variants", default="zero3,qwz,hpz,qgz,zero++")
-    throughput.add_argument("--model", default="small")
-    throughput.add_argument("--steps", type=int, default=12)
+    throughput.add_argument("--variants", default="zero3,qwz,hpz,qgz,zero++,fsdp2,fsdp2-reshard-node,fsdp2-hsdp,"
+                            "deepspeed-zero3,deepspeed-zero++", help="DeepSpeed ones need `make deepspeed-setup`")
+    throughput.add_argument("--model", default="medium")
+    throughput.add_argument("--steps", type=int, default=10)
     throughput.add_argument("--batch-per-rank", type=int, default=4)
     throughput.add_argument("--seq-len", type=int, default=64)
     throughput.add_argument("--precision", default="bf16")
