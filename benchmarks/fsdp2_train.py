@@ -5,25 +5,20 @@
 Variants: ``plain`` (fully_shard over the world, reshard after forward), ``reshard-node``
 (reshard_after_forward = ranks per node: FSDP2's analogue of hpZ), ``hsdp`` (2-D mesh:
 shard inside the node, replicate across nodes). Same model, data, optimizer, precision and
-step timing as ``zeropp train``; rank 0 writes ``summary.json`` with the median step time.
+step timing as ``zeropp train`` (peer_training.py); rank 0 writes ``summary.json``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
-import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from peer_training import parse_arguments, train_and_report
 from zeropp.config import parse_dtype
-from zeropp.data import ByteCorpus, load_stdlib_corpus
 from zeropp.models import GPT, GPTConfig
 
 VARIANTS = ("plain", "reshard-node", "hsdp")
@@ -42,46 +37,24 @@ def shard(model: GPT, variant: str, world_size: int, per_node: int, dtype: torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--variant", choices=VARIANTS, default="plain")
-    parser.add_argument("--model", default="small")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--batch-per-rank", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--precision", default="bf16")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parse_arguments(VARIANTS)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    per_node = int(os.environ["LOCAL_WORLD_SIZE"])
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset(args.model))
-    shard(model, args.variant, world_size, per_node, parse_dtype("precision", args.precision))
+    per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+    shard(model, args.variant, dist.get_world_size(), per_node, parse_dtype("precision", args.precision))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-    corpus = ByteCorpus(load_stdlib_corpus())
-    step_times, losses = [], []
-    for step in range(args.steps):
-        inputs, targets = corpus.rank_batch("train", step, args.batch_per_rank, args.seq_len, rank, world_size)
-        started = time.perf_counter()
+
+    def train_step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = model(inputs, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        total = loss.detach().float()
-        dist.all_reduce(total)
-        step_times.append(time.perf_counter() - started)
-        losses.append(total.item() / world_size)
-    median = statistics.median(step_times[5:])
-    if rank == 0:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "summary.json").write_text(json.dumps({
-            "variant": args.variant, "median_step_s": median,
-            "tokens_per_s": world_size * args.batch_per_rank * args.seq_len / median, "losses": losses,
-        }, indent=2))
-    dist.barrier()
-    dist.destroy_process_group()
+        return loss
+
+    train_and_report(args, train_step)
 
 
 if __name__ == "__main__":

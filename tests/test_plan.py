@@ -3,7 +3,8 @@
 import json
 from pathlib import Path
 
-from zeropp.plan import Cluster, gpt_work, paper_predictions, recommend
+from zeropp.config import ZeroConfig
+from zeropp.plan import Cluster, compare, gpt_work, paper_predictions, predict, recommend
 
 
 def test_planner_bytes_equal_the_measured_volume():
@@ -29,3 +30,29 @@ def test_paper_setting_prediction_covers_every_model_and_bandwidth():
     assert len(report) == 8
     for row in report.values():
         assert row["tflops_per_gpu"]["zero++"] >= row["tflops_per_gpu"]["zero3"]
+
+
+def _report(unshaped_step_s: float, shaped: dict[str, float]) -> dict:
+    """A `zeropp bench throughput` report for GPT tiny on 2x2, ZeRO-3 only."""
+    results = {"none": {"zero3": {"median_step_s": unshaped_step_s}}}
+    results.update({bandwidth: {"zero3": {"median_step_s": step}} for bandwidth, step in shaped.items()})
+    return {"layout": "2x2", "results": results,
+            "train_arguments": ["--model", "tiny", "--batch-per-rank", "4", "--seq-len", "64"]}
+
+
+def test_comparison_calibrates_compute_on_the_unshaped_run_and_adds_the_link():
+    rows = compare(_report(0.2, {"1000000": 0.2, "1": 100.0}))
+    fast, slow = rows
+    assert abs(fast["predicted_step_s"] - 0.2) < 0.01 * 0.2  # a link this fast adds nothing
+    bf16 = ZeroConfig(compute_dtype="bf16", reduce_dtype="bf16")
+    bytes_per_step = predict(gpt_work("tiny", 256, 1.0), Cluster(2, 2, 1e6 / 8), bf16)["inter_node_bytes_per_step"]
+    assert slow["predicted_step_s"] > bytes_per_step / (1e6 / 8)  # a slow link dominates
+    assert abs(slow["error_percent"] - (slow["predicted_step_s"] - 100.0) / 100.0 * 100) < 1e-9
+
+
+def test_planner_within_25_percent_of_the_stored_emulated_runs():
+    stored = json.loads((Path(__file__).parents[1] / "benchmarks/results/throughput/throughput.json").read_text())
+    rows = compare(stored)
+    assert len(rows) >= 10
+    worst = max(rows, key=lambda row: abs(row["error_percent"]))
+    assert abs(worst["error_percent"]) <= 25, worst
