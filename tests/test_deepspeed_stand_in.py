@@ -16,7 +16,7 @@ WORLD = NODES * PER_NODE
 
 def test_weight_quantization_matches_deepspeeds_arithmetic():
     quantizer = StandInQuantizer()
-    values = torch.randn(64, 128)
+    values = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
     codes, scales = quantizer.quantize(values, 8, 8, quantizer.Symmetric)
     assert codes.dtype == torch.int8 and codes.numel() == values.numel() and scales.numel() == 8
     grouped = values.reshape(8, -1)
@@ -24,9 +24,10 @@ def test_weight_quantization_matches_deepspeeds_arithmetic():
     assert torch.allclose(scales.reshape(8, 1), absmax / 128)  # DeepSpeed stores 1 / (256 / (2 absmax))
     restored = quantizer.dequantize(codes, scales, 8, 8, quantizer.Symmetric).float().reshape(8, -1)
     error = (restored - grouped).abs() / scales.reshape(8, 1)  # in steps
-    # Round to nearest, except the positive extreme, which maps to code 128 and is clamped
-    # to 127 (one step off), as in DeepSpeed's kernel; the fp16 output adds up to 0.07 steps.
-    clamped = grouped == absmax
+    # Round to nearest, except values that round to code 128 (the positive extreme and its
+    # neighbours within half a step), clamped to 127 as in DeepSpeed's kernel: up to one step
+    # off. The fp16 output adds up to 0.07 steps.
+    clamped = grouped * 128 / absmax >= 127.5
     assert (error[~clamped] <= 0.6).all() and (error[clamped] <= 1.1).all()
 
 
