@@ -3,7 +3,7 @@
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: demo test bench setup deepspeed-setup
+.PHONY: demo test bench bench-cluster setup deepspeed-setup
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -40,3 +40,9 @@ $(DEEPSPEED_VENV)/.installed:
 	touch $@
 
 deepspeed-setup: $(DEEPSPEED_VENV)/.installed
+
+# The emulated-cluster throughput tables in the README (root; about 45 minutes on 2 cores).
+bench-cluster: setup deepspeed-setup
+	$(VENV)/bin/zeropp bench throughput --out benchmarks/results/throughput
+	$(VENV)/bin/zeropp bench throughput --nodes 4 --ranks-per-node 1 --bandwidths none,200 \
+		--variants zero3,qwz,qgz,zero++,fsdp2,deepspeed-zero3,deepspeed-zero++ --out benchmarks/results/throughput_4x1

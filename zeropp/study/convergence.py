@@ -32,6 +32,9 @@ MAIN: dict[str, ZeroConfig] = {
 }
 EXTRA: dict[str, ZeroConfig] = {
     "zero++ with int4 weights": ZeroConfig(**ZERO_PP, weight_bits=4),
+    # hpZ changes no numbers, so these two split ZeRO++'s gap between weights and gradients.
+    "qwZ only (int8 w)": ZeroConfig(quantized_weights=True),
+    "qgZ only (int4/int4 g)": ZeroConfig(quantized_gradients=True),
 }
 
 
