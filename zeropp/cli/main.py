@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     convergence.add_argument("--eval-batches", type=int, default=16)
     convergence.add_argument("--seeds", default="0,1,2", help="comma-separated seeds; each runs ZeRO-3 and the main variants")
     convergence.add_argument("--out", default="runs/convergence")
+    convergence.add_argument("--report-only", action="store_true", help="rebuild table and plot from finished runs")
     bench = commands.add_parser("bench", help="benchmarks and reports").add_subparsers(dest="bench", required=True)
     comm = bench.add_parser("comm", help="bytes per step of ZeRO-3 and ZeRO++ variants, measured and predicted")
     comm.add_argument("--model", default="small", help="GPT size: tiny, small, medium")

@@ -64,14 +64,23 @@ def _run_once(base: TrainConfig, out: Path, name: str, seed: int, zero: ZeroConf
     return kept
 
 
-def run_study(base: TrainConfig, out: Path, seeds: list[int]) -> dict:
+def run_study(base: TrainConfig, out: Path, seeds: list[int], report_only: bool = False) -> dict:
+    """Train every missing run (none with ``report_only``), then write the table and plot
+    over the finished ones."""
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[int, dict]] = {}
     for name, seed, zero in _runs(seeds):
-        results.setdefault(name, {})[seed] = _run_once(base, out, name, seed, zero)
+        finished = (out / f"{_run_name(name, seed)}.summary.json").exists()
+        if finished or not report_only:
+            results.setdefault(name, {})[seed] = _run_once(base, out, name, seed, zero)
+    if BASELINE not in results:
+        raise ValueError(f"no finished {BASELINE} run in {out}: nothing to compare against")
     report = _table(results)
     (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "table.md").write_text(_markdown(report) + "\n")
+    curves = {_run_name(name, seed): dict(zip(("steps", "validation_loss"), _curves(out / f"{_run_name(name, seed)}.jsonl")))
+              for name, runs in results.items() for seed in runs}
+    (out / "curves.json").write_text(json.dumps(curves) + "\n")  # the plot's data, small enough to keep
     _plot(results, out)
     print(_markdown(report))
     return report
@@ -155,5 +164,5 @@ def main(args) -> int:
         model_size=args.model, steps=args.steps, batch_per_rank=args.batch_per_rank, seq_len=args.seq_len,
         learning_rate=args.lr, eval_every=args.eval_every, eval_batches=args.eval_batches, ranks_per_node=2,
     )
-    run_study(base, Path(args.out), seeds)
+    run_study(base, Path(args.out), seeds, report_only=args.report_only)
     return 0
