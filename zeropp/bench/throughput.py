@@ -151,15 +151,18 @@ def plot(report: dict, path: Path) -> None:
 
     bandwidths = list(report["results"])
     variants = list(report["results"][bandwidths[0]])
-    figure, axis = plt.subplots(figsize=(7, 4))
+    labels = ["unshaped" if _bandwidth(b) is None else b for b in bandwidths]
+    figure, axis = plt.subplots(figsize=(9, 4.5))
     for variant in variants:
-        points = [(b, report["results"][b][variant].get("tokens_per_s")) for b in bandwidths]
-        points = [(b, v) for b, v in points if v is not None]
-        axis.plot([b for b, _ in points], [v for _, v in points], "o-", label=variant)
+        points = [(label, report["results"][b][variant].get("tokens_per_s")) for b, label in zip(bandwidths, labels)]
+        points = [(label, v) for label, v in points if v is not None]
+        style = "o-" if variant in VARIANTS else "s--"  # zeropp solid, peers dashed
+        axis.plot([label for label, _ in points], [v for _, v in points], style, label=variant)
+    axis.set_yscale("log")
     axis.set_xlabel("inter-node bandwidth per node (Mbit/s)")
-    axis.set_ylabel("tokens/s")
+    axis.set_ylabel("tokens/s (log scale)")
     axis.set_title(f"GPT on an emulated {report['layout']} cluster")
-    axis.legend()
+    axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
