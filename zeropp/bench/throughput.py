@@ -52,6 +52,7 @@ def measure(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict
         "rank0_inter_node_bytes_per_step": per_step_inter,
         "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
         "node0_accounted_rx_bytes": node0_accounted,
+        "tcp_retransmitted_segments": sum(node["tcp_retransmitted_segments"] for node in result["link_bytes"]),
         "final_train_loss": summary["final_train_loss"],
     }
 
@@ -88,6 +89,7 @@ def measure_peer(spec: ClusterSpec, variant: str, train_arguments: list[str]) ->
         "tokens_per_s": summary["tokens_per_s"],
         "median_step_s": summary["median_step_s"],
         "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
+        "tcp_retransmitted_segments": sum(node["tcp_retransmitted_segments"] for node in result["link_bytes"]),
         "final_train_loss": summary["losses"][-1],
     }
     if "stand_in_quantizer_calls" in summary:

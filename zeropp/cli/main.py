@@ -155,7 +155,8 @@ def _run_cluster(args) -> int:
         return 2
     print(result["output"])
     for node, counters in enumerate(result["link_bytes"]):
-        print(f"node {node} link: sent {counters['tx_bytes'] / 1e6:.3f} MB, received {counters['rx_bytes'] / 1e6:.3f} MB")
+        print(f"node {node} link: sent {counters['tx_bytes'] / 1e6:.3f} MB, received {counters['rx_bytes'] / 1e6:.3f} MB, "
+              f"TCP segments resent {counters['tcp_retransmitted_segments']}")
     print(f"exit codes {result['exit_codes']}; logs in {result['logs']}")
     return 0 if all(code == 0 for code in result["exit_codes"]) else 1
 

@@ -51,6 +51,12 @@ def _run(*command: str) -> str:
     return result.stdout
 
 
+def _tcp_counter(snmp: str, name: str) -> int:
+    """One counter of /proc/net/snmp's Tcp table (a header line, then a value line)."""
+    header, values = [line.split() for line in snmp.splitlines() if line.startswith("Tcp:")]
+    return int(values[header.index(name)])
+
+
 class EmulatedCluster:
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
@@ -105,11 +111,15 @@ class EmulatedCluster:
                  "rate", f"{spec.bandwidth_mbit}mbit", "burst", str(burst), "latency", "200ms")
 
     def interface_bytes(self) -> list[dict[str, int]]:
-        """Bytes each node's link sent and received so far (its eth0 counters)."""
+        """Bytes each node's link sent and received so far (its eth0 counters), and the TCP
+        segments the node resent (bytes on the link that no collective asked for)."""
         counters = []
         for namespace in self.nodes:
             read = lambda name: int(_run("ip", "netns", "exec", namespace, "cat", f"/sys/class/net/eth0/statistics/{name}"))
-            counters.append({name: read(name) for name in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")})
+            row = {name: read(name) for name in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
+            row["tcp_retransmitted_segments"] = _tcp_counter(_run("ip", "netns", "exec", namespace, "cat", "/proc/net/snmp"),
+                                                             "RetransSegs")
+            counters.append(row)
         return counters
 
     def popen(self, node: int, command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
