@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from zeropp.cluster import ClusterSpec
+from zeropp.cluster.emulated import payload_bytes
 from zeropp.cluster.launch import run_on_cluster
 
 TRAIN = ["train", "--model", "small", "--steps", "3", "--batch-per-rank", "2", "--seq-len", "32"]
@@ -26,6 +27,7 @@ def test_two_nodes_train_over_a_shaped_link_and_clean_up(tmp_path):
     for node, counters in enumerate(result["link_bytes"]):
         accounted = sum(summary["comm_total_by_rank"][rank]["received_inter_node"] for rank in (2 * node, 2 * node + 1))
         assert abs(counters["rx_bytes"] - accounted) <= 0.05 * accounted, (node, counters, accounted)
+        assert abs(payload_bytes(counters) - accounted) <= 0.01 * accounted, (node, counters, accounted)
     assert "zpp" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 

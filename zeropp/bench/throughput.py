@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ..cluster import ClusterSpec
+from ..cluster.emulated import payload_bytes
 from ..cluster.launch import run_on_cluster
 from ..plan import compare, comparison_markdown
 
@@ -51,6 +52,7 @@ def measure(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict
         "exposed_fraction": summary["median_exposed_comm_s"] / summary["median_step_s"],
         "rank0_inter_node_bytes_per_step": per_step_inter,
         "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
+        "node0_link_rx_payload_bytes": payload_bytes(result["link_bytes"][0]),
         "node0_accounted_rx_bytes": node0_accounted,
         "tcp_retransmitted_segments": sum(node["tcp_retransmitted_segments"] for node in result["link_bytes"]),
         "final_train_loss": summary["final_train_loss"],
