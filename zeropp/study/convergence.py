@@ -78,8 +78,11 @@ def run_study(base: TrainConfig, out: Path, seeds: list[int], report_only: bool 
     report = _table(results)
     (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "table.md").write_text(_markdown(report) + "\n")
-    curves = {_run_name(name, seed): dict(zip(("steps", "validation_loss"), _curves(out / f"{_run_name(name, seed)}.jsonl")))
-              for name, runs in results.items() for seed in runs}
+    curves = {}
+    for name, runs in results.items():
+        for seed in runs:
+            steps, losses = _curves(out / f"{_run_name(name, seed)}.jsonl")
+            curves[_run_name(name, seed)] = {"steps": steps, "validation_loss": losses}
     (out / "curves.json").write_text(json.dumps(curves) + "\n")  # the plot's data, small enough to keep
     _plot(results, out)
     print(_markdown(report))
@@ -105,15 +108,18 @@ def _table(results: dict[str, dict[int, dict]]) -> dict:
 
 def _markdown(report: dict) -> str:
     seeds = report["seeds"]
-    header = "| run | " + " | ".join(f"loss, seed {s}" for s in seeds) + " | paired gap per seed | mean gap | cross-node MB/step (rank 0) |"
+    header = ("| run | " + " | ".join(f"loss, seed {s}" for s in seeds)
+              + " | paired gap per seed | mean gap | cross-node MB/step (rank 0) |")
     lines = [header, "|---" * (len(seeds) + 4) + "|"]
     for name, row in report["runs"].items():
-        losses = " | ".join(f"{row['final_validation_loss'][s]:.4f}" if s in row["final_validation_loss"] else "-" for s in seeds)
+        final = row["final_validation_loss"]
+        losses = " | ".join(f"{final[s]:.4f}" if s in final else "-" for s in seeds)
         gaps = ", ".join(f"{gap:+.2f}%" for gap in row["gap_percent"].values())
         lines.append(f"| {name} | {losses} | {gaps} | {row['mean_gap_percent']:+.2f}% | "
                      f"{row['cross_node_bytes_per_step'] / 1e6:.3f} |")
     if report["noise_band_percent"] is not None:
-        lines.append(f"\nZeRO-3 final validation loss across seeds (max - min over mean): {report['noise_band_percent']:.2f}%")
+        lines.append("\nZeRO-3 final validation loss across seeds (max - min over mean): "
+                     f"{report['noise_band_percent']:.2f}%")
     return "\n".join(lines)
 
 
