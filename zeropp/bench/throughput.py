@@ -35,13 +35,27 @@ def _bandwidth(text: str) -> float | None:
     return None if text in ("none", "unshaped") else float(text)
 
 
+def _run(spec: ClusterSpec, variant: str, arguments: list[str], out: Path, **launch) -> tuple[dict, dict]:
+    """One run over the cluster: (rank 0's summary.json, the cluster's result)."""
+    result = run_on_cluster(spec, arguments, timeout_s=1800, **launch)
+    if result["exit_codes"] != [0] * spec.num_nodes:
+        raise RuntimeError(f"{variant} at {spec.bandwidth_mbit} Mbit/s failed; logs in {result['logs']}")
+    return json.loads((out / "summary.json").read_text()), result
+
+
+def _link_figures(result: dict) -> dict:
+    """What node 0's link carried in, raw and as payload, and the TCP segments resent."""
+    return {
+        "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
+        "node0_link_rx_payload_bytes": payload_bytes(result["link_bytes"][0]),
+        "tcp_retransmitted_segments": sum(node["tcp_retransmitted_segments"] for node in result["link_bytes"]),
+    }
+
+
 def measure(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict:
     out = Path(tempfile.mkdtemp(prefix="zeropp-throughput-"))
     extra = [a.format(ranks_per_node=spec.ranks_per_node) for a in VARIANTS[variant]]
-    result = run_on_cluster(spec, ["train", *train_arguments, *extra, "--out", str(out)], timeout_s=1800)
-    if result["exit_codes"] != [0] * spec.num_nodes:
-        raise RuntimeError(f"{variant} at {spec.bandwidth_mbit} Mbit/s failed; logs in {result['logs']}")
-    summary = json.loads((out / "summary.json").read_text())
+    summary, result = _run(spec, variant, ["train", *train_arguments, *extra, "--out", str(out)], out)
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     per_step_inter = sum(row["received_inter_node"] for row in steps[-1]["comm"].values())
     node0_accounted = sum(summary["comm_total_by_rank"][r]["received_inter_node"] for r in range(spec.ranks_per_node))
@@ -51,10 +65,8 @@ def measure(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict
         "median_exposed_comm_s": summary["median_exposed_comm_s"],
         "exposed_fraction": summary["median_exposed_comm_s"] / summary["median_step_s"],
         "rank0_inter_node_bytes_per_step": per_step_inter,
-        "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
-        "node0_link_rx_payload_bytes": payload_bytes(result["link_bytes"][0]),
+        **_link_figures(result),
         "node0_accounted_rx_bytes": node0_accounted,
-        "tcp_retransmitted_segments": sum(node["tcp_retransmitted_segments"] for node in result["link_bytes"]),
         "final_train_loss": summary["final_train_loss"],
     }
 
@@ -76,22 +88,17 @@ def measure_peer(spec: ClusterSpec, variant: str, train_arguments: list[str]) ->
     DeepSpeed runs from its own environment (``make deepspeed-setup``)."""
     script, flavour = PEERS[variant]
     out = Path(tempfile.mkdtemp(prefix=f"zeropp-{variant}-"))
-    arguments = [*train_arguments, "--variant", flavour, "--out", str(out)]
-    launch = {}
+    launch = {"program": [str(BENCHMARKS / script)]}
     if variant.startswith("deepspeed"):
         if not DEEPSPEED_PYTHON.exists():
             raise RuntimeError(f"{variant} needs DeepSpeed's separate environment: run `make deepspeed-setup` first")
-        launch = {"python": str(DEEPSPEED_PYTHON),
-                  "environment": {"DS_ACCELERATOR": "cpu", "LOCAL_SIZE": str(spec.ranks_per_node)}}
-    result = run_on_cluster(spec, arguments, timeout_s=1800, program=[str(BENCHMARKS / script)], **launch)
-    if result["exit_codes"] != [0] * spec.num_nodes:
-        raise RuntimeError(f"{variant} at {spec.bandwidth_mbit} Mbit/s failed; logs in {result['logs']}")
-    summary = json.loads((out / "summary.json").read_text())
+        launch.update(python=str(DEEPSPEED_PYTHON),
+                      environment={"DS_ACCELERATOR": "cpu", "LOCAL_SIZE": str(spec.ranks_per_node)})
+    summary, result = _run(spec, variant, [*train_arguments, "--variant", flavour, "--out", str(out)], out, **launch)
     measured = {
         "tokens_per_s": summary["tokens_per_s"],
         "median_step_s": summary["median_step_s"],
-        "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
-        "tcp_retransmitted_segments": sum(node["tcp_retransmitted_segments"] for node in result["link_bytes"]),
+        **_link_figures(result),
         "final_train_loss": summary["losses"][-1],
     }
     if "stand_in_quantizer_calls" in summary:
