@@ -47,7 +47,11 @@ class ZeroConfig:
     quantized_weights: bool = False
     """qwZ: the weight all-gather carries block-quantized codes plus fp32 scales."""
     weight_bits: int = 8
-    """Bits per weight value in the qwZ gather (8 as in ZeRO++, or 4)."""
+    """Bits per weight value in the qwZ gather (8 as in ZeRO++, 4, or 12)."""
+    hierarchical_weight_gather: bool = False
+    """Gather weights in two hops: this node's shards exact inside the node, only the other
+    nodes' shards across nodes (quantized with qwZ). Each node link carries W - D shards
+    instead of the ring's W - 1; the backward hpZ copy is then kept in the compute dtype."""
     quantization_block_size: int = 256
     """Values per quantization block (one fp32 scale each), for weights and gradients."""
     hpz_size: int = 1

@@ -88,7 +88,9 @@ def predict(work: Work, cluster: Cluster, config: ZeroConfig) -> dict:
     )
     # Latency: every collective is G - 1 exchanges (ring steps or all-to-all peers).
     world = layout.world_size
-    gather_steps = world - 1 + (config.hpz_size - 1 if config.hpz_size > 1 else world - 1)
+    primary_steps = (2 * (cluster.ranks_per_node - 1) + cluster.num_nodes - 1
+                     if config.hierarchical_weight_gather else world - 1)
+    gather_steps = primary_steps + (config.hpz_size - 1 if config.hpz_size > 1 else primary_steps)
     reduce_steps = (cluster.ranks_per_node - 1) + (cluster.num_nodes - 1) if config.quantized_gradients else world - 1
     compute = 6 * work.num_parameters * work.tokens_per_rank / work.flops_per_s
     link = inbound / cluster.inter_node_bytes_per_s + len(work.flats) * (gather_steps + reduce_steps) * cluster.latency_s

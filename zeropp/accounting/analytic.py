@@ -42,6 +42,21 @@ def _add_ring(row: dict[str, int], layout: Layout, rank: int, group_first: int, 
     _add(row, 0 if remote else group_size - 1, group_size - 1 if remote else 0, chunk_bytes)
 
 
+def _add_primary_gather(
+    row: dict[str, int], layout: Layout, rank: int, config: ZeroConfig, exact_chunk: int, primary_chunk: int
+) -> None:
+    """One gather from the primary shards: a ring over the world, or the hierarchical
+    gather's three hops (this node's shards exact; one shard from every other node across;
+    those, from every local rank, inside the node)."""
+    if not config.hierarchical_weight_gather:
+        _add_ring(row, layout, rank, 0, layout.world_size, primary_chunk)
+        return
+    per_node, nodes = layout.ranks_per_node, layout.num_nodes
+    _add(row, per_node - 1, 0, exact_chunk)
+    _add(row, 0, nodes - 1, primary_chunk)
+    _add(row, per_node - 1, 0, (nodes - 1) * primary_chunk)
+
+
 def predicted_step_bytes(
     flats: list[FlatSummary], layout: Layout, config: ZeroConfig, rank: int, backend: str = "gloo"
 ) -> dict[str, dict[str, int]]:
@@ -55,14 +70,16 @@ def predicted_step_bytes(
     for flat in flats:
         shard = flat.shard_numel
         primary_chunk = weights.packed_nbytes(shard) if config.quantized_weights else shard * compute
-        _add_ring(result["forward_gather"], layout, rank, 0, world, primary_chunk)
+        _add_primary_gather(result["forward_gather"], layout, rank, config, shard * compute, primary_chunk)
         if not flat.is_root or config.reshard_root_after_forward:
             if config.hpz_size > 1:
-                # The secondary partition holds world / hpz_size primary shards' worth.
-                secondary = primary_chunk * world // config.hpz_size
+                # The secondary partition holds world / hpz_size shards' worth, packed only
+                # when every gathered shard was.
+                kept_chunk = shard * compute if config.hierarchical_weight_gather else primary_chunk
+                secondary = kept_chunk * world // config.hpz_size
                 _add_ring(result["backward_gather"], layout, rank, hpz_first, config.hpz_size, secondary)
             else:
-                _add_ring(result["backward_gather"], layout, rank, 0, world, primary_chunk)
+                _add_primary_gather(result["backward_gather"], layout, rank, config, shard * compute, primary_chunk)
         if flat.requires_grad:
             row = result["reduce_scatter"]
             if config.quantized_gradients:

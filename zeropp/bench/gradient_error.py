@@ -6,7 +6,8 @@ scheme reduce-scatters them; we compare with the exact fp64 mean:
 
 - ``step``: relative L2 error of one step's result, averaged over steps;
 - ``cumulative``: relative L2 error of the sum over all steps, what the optimizer
-  integrates (error feedback is built to shrink this one).
+  integrates (error feedback is built to shrink this one);
+- ``inter_node_bytes_per_value``: what the scheme sends across nodes per gradient value.
 
     zeropp bench grad-error --out runs/bench/gradient_error.json
 """
@@ -38,6 +39,9 @@ SCHEMES = {
     "int8/int4 + error feedback": dict(bits=(8, 4), feedback=True),
     "int8/int4 + error feedback + stochastic": dict(bits=(8, 4), feedback=True, stochastic=True),
     "int8/int4 + hadamard32 + error feedback": dict(bits=(8, 4), hadamard=32, feedback=True),
+    # Twice the inter-node gradient bytes: the study's best setting pays for it with the
+    # hierarchical weight gather's savings.
+    "int8/int8": dict(bits=(8, 8)),
 }
 
 
@@ -92,17 +96,19 @@ def run(steps: int = 8) -> dict:
     for name in SCHEMES:  # average the per-rank relative errors
         merged[name] = {key: sum(r[name][key] for r in per_rank) / len(per_rank) for key in ("step", "cumulative")}
     baseline = merged["int4/int4 (ZeRO++)"]
-    for row in merged.values():
+    for name, row in merged.items():
         row["step_vs_zeropp"] = baseline["step"] / row["step"]
         row["cumulative_vs_zeropp"] = baseline["cumulative"] / row["cumulative"]
+        row["inter_node_bytes_per_value"] = BlockFormat(SCHEMES[name]["bits"][1], BLOCK).packed_nbytes(BLOCK) / BLOCK
     return {"layout": "2x2", "block_size": BLOCK, "steps": steps, "schemes": merged}
 
 
 def main(args) -> int:
     report = run(args.steps)
-    print(f"{'scheme':<42}{'step error':>12}{'vs ZeRO++':>11}{'cumulative':>12}{'vs ZeRO++':>11}")
+    print(f"{'scheme':<42}{'step error':>12}{'vs ZeRO++':>11}{'cumulative':>12}{'vs ZeRO++':>11}{'bytes/value':>13}")
     for name, row in report["schemes"].items():
-        print(f"{name:<42}{row['step']:>12.4f}{row['step_vs_zeropp']:>10.2f}x{row['cumulative']:>12.4f}{row['cumulative_vs_zeropp']:>10.2f}x")
+        print(f"{name:<42}{row['step']:>12.4f}{row['step_vs_zeropp']:>10.2f}x{row['cumulative']:>12.4f}"
+              f"{row['cumulative_vs_zeropp']:>10.2f}x{row['inter_node_bytes_per_value']:>13.4f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--qwz", action="store_true", help="quantized weight all-gather (INT8 by default)")
     trainer.add_argument("--hpz", type=int, default=1, help="hpZ group size (1 = off; must divide ranks per node)")
     trainer.add_argument("--qgz", action="store_true", help="quantized two-hop gradient reduce-scatter")
-    trainer.add_argument("--weight-bits", type=int, default=8)
+    trainer.add_argument("--weight-bits", type=int, default=8, help="qwZ bits per weight: 4, 8 or 12")
+    trainer.add_argument("--hierarchical-gather", action="store_true",
+                         help="gather weights in two hops: this node's shards exact, only other nodes' across")
     trainer.add_argument("--gradient-bits", default="4,4", help="qgZ bits intra-node,inter-node")
     trainer.add_argument("--block-size", type=int, default=256, help="values per quantization block")
     trainer.add_argument("--gradient-chunks", type=int, default=2, help="qgZ pipeline chunks per unit")
@@ -247,6 +249,7 @@ def _zero_config(args) -> tuple[ZeroConfig, dict]:
         quantized_weights=args.qwz, weight_bits=args.weight_bits, hpz_size=args.hpz, quantized_gradients=args.qgz,
         gradient_bits_intra_node=intra, gradient_bits_inter_node=inter, quantization_block_size=args.block_size,
         gradient_chunks=args.gradient_chunks, compile_quantization=args.compile_quantization,
+        hierarchical_weight_gather=args.hierarchical_gather,
     )
     return zero, {}
 

@@ -7,7 +7,9 @@ Packed layout of one segment of ``n`` values (``n`` a multiple of the block size
 INT8 codes are the int8 values' bytes. INT4 codes hold two values per byte, each stored as
 ``q + 8`` (a nibble in [1, 15]): byte ``j`` of a block holds the block's element ``j`` in
 its low nibble and element ``j + B / 2`` in its high nibble (two contiguous halves, which
-vectorises; interleaved pairs do not).
+vectorises; interleaved pairs do not). INT12 codes, stored as ``q + 2048`` (in [1, 4095]),
+pair the same elements in three bytes: ``a = element j``, ``b = element j + B / 2`` give
+``a & 0xFF``, ``(a >> 8) | (b & 0xF) << 4``, ``b >> 4``.
 Batched calls take ``[K, n]`` and return ``[K, packed]``: every row is its own segment, so a
 row can be sent to another rank by itself.
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_BITS = (4, 8)
+SUPPORTED_BITS = (4, 8, 12)
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class BlockFormat:
 
     @property
     def max_code(self) -> int:
-        return 2 ** (self.bits - 1) - 1  # 127 for INT8, 7 for INT4
+        return 2 ** (self.bits - 1) - 1  # 2047 for INT12, 127 for INT8, 7 for INT4
 
     def code_nbytes(self, numel: int) -> int:
         return numel * self.bits // 8
@@ -82,9 +84,14 @@ def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat, noise: torch.Tensor | 
         codes.add_(noise).floor_()
     if fmt.bits == 8:
         code_bytes = codes.to(torch.int8).view(torch.uint8)
-    else:
+    elif fmt.bits == 4:
         halves = codes.add_(8).to(torch.uint8).view(num_rows, -1, 2, fmt.block_size // 2)
         code_bytes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).view(num_rows, numel // 2)
+    else:
+        halves = codes.add_(2048).to(torch.int32).view(num_rows, -1, 2, fmt.block_size // 2)
+        low, high = halves[:, :, 0], halves[:, :, 1]
+        triples = torch.stack([low & 0xFF, (low >> 8) | ((high & 0xF) << 4), high >> 4], dim=-1)
+        code_bytes = triples.to(torch.uint8).view(num_rows, fmt.code_nbytes(numel))
     return code_bytes, (absmax / fmt.max_code).view(num_rows, -1)
 
 
@@ -116,11 +123,16 @@ def dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int, dtype: torch.
     scales = rows[:, code_nbytes:].contiguous().view(torch.float32)  # [K, n/B]
     if fmt.bits == 8:
         codes = code_bytes.contiguous().view(torch.int8)
-    else:
+    elif fmt.bits == 4:
         per_block = code_bytes.reshape(num_rows, -1, fmt.block_size // 2)
         low = (per_block & 0xF).to(torch.int8) - 8
         high = (per_block >> 4).to(torch.int8) - 8
         codes = torch.stack([low, high], dim=2).view(num_rows, numel)
+    else:
+        triples = code_bytes.reshape(num_rows, -1, fmt.block_size // 2, 3).to(torch.int32)
+        low = triples[..., 0] | ((triples[..., 1] & 0xF) << 8)
+        high = (triples[..., 1] >> 4) | (triples[..., 2] << 4)
+        codes = torch.stack([low, high], dim=2).view(num_rows, numel) - 2048
     blocks = codes.view(num_rows, numel // fmt.block_size, fmt.block_size).float().mul_(scales.unsqueeze(-1))
     values = blocks.view(num_rows, numel).to(dtype)
     return values if packed.dim() > 1 else values.view(-1)

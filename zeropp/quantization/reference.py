@@ -23,14 +23,19 @@ def reference_quantize(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
         scales.append((absmax / fmt.max_code).reshape(1))
         for value in block:
             codes.append(int(torch.round(value * inverse)))
+    half = fmt.block_size // 2
+    code_bytes = []
     if fmt.bits == 8:
         code_bytes = [code & 0xFF for code in codes]  # two's complement byte of the int8
-    else:
-        half = fmt.block_size // 2
-        code_bytes = []
+    elif fmt.bits == 4:
         for start in range(0, len(codes), fmt.block_size):
             for j in range(half):  # element j low, element j + B/2 high
                 code_bytes.append((codes[start + j] + 8) | ((codes[start + half + j] + 8) << 4))
+    else:
+        for start in range(0, len(codes), fmt.block_size):
+            for j in range(half):  # 12 bits of element j, then 12 bits of element j + B/2
+                low, high = codes[start + j] + 2048, codes[start + half + j] + 2048
+                code_bytes += [low & 0xFF, (low >> 8) | ((high & 0xF) << 4), high >> 4]
     scale_bytes = torch.cat(scales).view(torch.uint8)
     return torch.cat([torch.tensor(code_bytes, dtype=torch.uint8), scale_bytes])
 
@@ -41,12 +46,19 @@ def reference_dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int) -> 
     scales = packed[code_nbytes:].clone().view(torch.float32)
     code_bytes = packed[:code_nbytes].tolist()
     codes: list[int] = []
+    half = fmt.block_size // 2
     if fmt.bits == 8:
         codes = [byte - 256 if byte > 127 else byte for byte in code_bytes]
-    else:
-        half = fmt.block_size // 2
+    elif fmt.bits == 4:
         for start in range(0, len(code_bytes), half):
             block = code_bytes[start : start + half]
             codes.extend([(byte & 0xF) - 8 for byte in block] + [(byte >> 4) - 8 for byte in block])
+    else:
+        for start in range(0, len(code_bytes), 3 * half):
+            block = code_bytes[start : start + 3 * half]
+            triples = [block[3 * j : 3 * j + 3] for j in range(half)]
+            codes.extend([a | ((b & 0xF) << 8) for a, b, _ in triples])
+            codes.extend([(b >> 4) | (c << 4) for _, b, c in triples])
+        codes = [code - 2048 for code in codes]
     values = torch.tensor(codes, dtype=torch.float32)
     return values * scales.repeat_interleave(fmt.block_size)
