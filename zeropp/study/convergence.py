@@ -32,17 +32,22 @@ MAIN: dict[str, ZeroConfig] = {
     "zero++ (int8 w, int4/int4 g)": ZeroConfig(**ZERO_PP),
     "zero++ with int8/int4 g": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
     # The two-hop gather brings W - D shards over each node's link instead of the ring's
-    # W - 1 (2 instead of 3 on 2 x 2), and this node's shards exact; the bytes it saves
-    # pay for INT8 instead of INT4 on the inter-node gradient hop.
-    "ours (two-hop int8 w, int8/int8 g)": ZeroConfig(
-        **ZERO_PP, hierarchical_weight_gather=True, gradient_bits_intra_node=8, gradient_bits_inter_node=8
-    ),
-    # The same saving spent on the weights instead: 12 bits for the other node's shards.
+    # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact; the bytes it saves pay
+    # for 12 instead of 8 bits on the other node's shards.
     "ours (two-hop int12 w, int8/int4 g)": ZeroConfig(
         **ZERO_PP, hierarchical_weight_gather=True, weight_bits=12, gradient_bits_intra_node=8
     ),
 }
 EXTRA: dict[str, ZeroConfig] = {
+    # The same saving spent on the gradients instead (INT8 across nodes), and ours with
+    # error feedback on the inter-node hop.
+    "two-hop int8 w, int8/int8 g": ZeroConfig(
+        **ZERO_PP, hierarchical_weight_gather=True, gradient_bits_intra_node=8, gradient_bits_inter_node=8
+    ),
+    "ours + error feedback": ZeroConfig(
+        **ZERO_PP, hierarchical_weight_gather=True, weight_bits=12, gradient_bits_intra_node=8,
+        gradient_error_feedback=True,
+    ),
     "zero++ with int4 weights": ZeroConfig(**ZERO_PP, weight_bits=4),
     # hpZ changes no numbers, so these two split ZeRO++'s gap between weights and gradients.
     "qwZ only (int8 w)": ZeroConfig(quantized_weights=True),
