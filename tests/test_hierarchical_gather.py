@@ -16,7 +16,7 @@ BLOCK = 64
 
 def expected_full(flat, topology, config) -> torch.Tensor:
     """The slow reference: gather every fp32 master shard, then quantize and restore the
-    shards of the other nodes. [W * S] fp32."""
+    shards of the other nodes. [W * S] in the compute dtype."""
     masters = [torch.empty_like(flat.master.detach()) for _ in range(topology.world_size)]
     dist.all_gather(masters, flat.master.detach())
     rows = []
@@ -25,7 +25,7 @@ def expected_full(flat, topology, config) -> torch.Tensor:
         if remote and config.quantized_weights:
             master = dequantize(quantize(master, config.weight_format), config.weight_format, master.numel())
         rows.append(master)
-    return torch.cat(rows)
+    return torch.cat(rows).to(config.compute_torch_dtype)
 
 
 def gather_against_reference(rank, world_size, ranks_per_node, options):
@@ -50,6 +50,7 @@ def gather_against_reference(rank, world_size, ranks_per_node, options):
         (2, dict(quantized_weights=True)),
         (2, dict(quantized_weights=True, hpz_size=2)),
         (2, dict(quantized_weights=True, weight_bits=12, hpz_size=2)),
+        (2, dict(quantized_weights=True, hpz_size=2, compute_dtype="bf16")),
         (1, dict(quantized_weights=True)),
         (2, dict(hpz_size=2, shard_alignment=BLOCK)),
     ],
