@@ -109,3 +109,34 @@ def test_unquantized_hierarchical_gather_trains_exactly_like_zero3_and_matches_t
     ours = sum(node_link(3, phase) for phase in ("forward_gather", "backward_gather", "reduce_scatter"))
     zero_pp = sum(node_link(4, phase) for phase in ("forward_gather", "backward_gather", "reduce_scatter"))
     assert ours <= zero_pp
+
+
+def bytes_per_step(rank, world_size, config):
+    topology = Topology.from_environment(ranks_per_node=2)
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(rank))
+    torch.manual_seed(0)
+    model = ShardedModel(GPT(GPTConfig.preset("tiny", block_size=16)), topology, config, unit_classes=(Block,))
+    optimizer = ShardedOptimizer(model, lambda params: torch.optim.AdamW(params, lr=1e-3))
+    steps = []
+    for step in range(4):
+        model.set_training_step(step)
+        model.comm_log.reset()
+        model(tokens[:, :-1], tokens[:, 1:]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        measured = model.comm_log.totals_by_phase()
+        steps.append({phase: measured[phase]["received_inter_node"] for phase in ("forward_gather", "reduce_scatter")})
+    return steps
+
+
+def test_late_bits_switch_formats_at_the_given_step():
+    config = ZeroConfig(quantized_weights=True, hpz_size=2, quantized_gradients=True, hierarchical_weight_gather=True,
+                        gradient_bits_intra_node=8, gradient_bits_inter_node=8, quantization_block_size=BLOCK,
+                        late_bits_from_step=2, late_weight_bits=12, late_gradient_bits_inter_node=4)
+    assert config.at_step(1) == config
+    assert (config.at_step(2).weight_bits, config.at_step(2).gradient_bits_inter_node) == (12, 4)
+    steps = spawn_ranks(bytes_per_step, 4, (config,))[0]
+    assert steps[0] == steps[1] and steps[2] == steps[3]
+    # INT8 -> INT12 weights: 1.5x the codes; INT8 -> INT4 gradients: half the codes (scales stay).
+    assert steps[2]["forward_gather"] > 1.4 * steps[1]["forward_gather"]
+    assert steps[2]["reduce_scatter"] < 0.55 * steps[1]["reduce_scatter"]

@@ -71,6 +71,16 @@ class ZeroConfig:
     """qgZ: carry each rank's inter-node quantization error into its next step (LoCo-style)."""
     gradient_stochastic_rounding: bool = False
     """qgZ: round gradient codes stochastically (unbiased) instead of to nearest."""
+    late_bits_from_step: int = 0
+    """From this training step on use ``late_weight_bits`` and ``late_gradient_bits_inter_node``
+    (0: never). INT4 gradients slow the early, fast-falling phase of training and INT8
+    weights the late one (AdamW's steps shrink below an INT8 quantum as the learning rate
+    decays), so a run can spend the same bytes on the gradients first and the weights
+    later. Applied by ``ShardedModel.set_training_step``, which ``zeropp train`` calls."""
+    late_weight_bits: int = 12
+    """qwZ bits per weight from ``late_bits_from_step`` on."""
+    late_gradient_bits_inter_node: int = 4
+    """qgZ inter-node bits from ``late_bits_from_step`` on."""
     compile_quantization: bool = False
     """Run the quantization kernel through torch.compile (fast; compiles once per shape)."""
     debug_collective_order: bool = False
@@ -84,16 +94,27 @@ class ZeroConfig:
             value = getattr(self, item.name)
             if item.type == "bool" and not isinstance(value, bool):
                 raise ValueError(f"{item.name} must be true or false, got {value!r}")
+        if not isinstance(self.late_bits_from_step, int) or self.late_bits_from_step < 0:
+            raise ValueError(f"late_bits_from_step must be an integer >= 0, got {self.late_bits_from_step!r}")
         for name in ("shard_alignment", "hpz_size", "gradient_chunks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self._check_hadamard()
-        for name in ("weight_bits", "gradient_bits_intra_node", "gradient_bits_inter_node"):
+        for name in ("weight_bits", "gradient_bits_intra_node", "gradient_bits_inter_node", "late_weight_bits",
+                     "late_gradient_bits_inter_node"):
             try:
                 BlockFormat(getattr(self, name), self.quantization_block_size)
             except ValueError as error:
                 raise ValueError(f"{name}: {error}") from None
+
+    def at_step(self, step: int) -> "ZeroConfig":
+        """The settings in force at training step ``step``: the late bits once it reaches
+        ``late_bits_from_step``."""
+        if not self.late_bits_from_step or step < self.late_bits_from_step:
+            return self
+        return replace(self, weight_bits=self.late_weight_bits, gradient_bits_inter_node=self.late_gradient_bits_inter_node,
+                       late_bits_from_step=0)
 
     @property
     def compute_torch_dtype(self) -> torch.dtype:

@@ -31,6 +31,10 @@ class GradientReducer:
         )
         self.residuals: dict[str, list] = {}
 
+    def use_formats(self, config: ZeroConfig) -> None:
+        """Quantize in ``config``'s gradient formats from the next reduction on."""
+        self.options.formats = config.gradient_formats
+
     def start(self, flat_grad: torch.Tensor, label: str = ""):
         """``flat_grad`` [W * S] -> a pending object whose ``wait()`` gives the mean shard
         [S] fp32 and whose ``progress()`` launches what can be launched."""

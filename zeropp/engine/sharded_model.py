@@ -51,8 +51,9 @@ class ShardedModel(nn.Module):
         self.comm_log = CommLog(topology.layout, topology.rank)
         self._comm = Communicator(self.comm_log, check_order=self.config.debug_collective_order)
         self._world = topology.group("world")
-        self._weights = WeightGather(self.config, topology, self._comm)
-        self._gradients = GradientReducer(self.config, topology, self._comm)
+        self._active_config = self.config.at_step(0)  # what ``set_training_step`` last applied
+        self._weights = WeightGather(self._active_config, topology, self._comm)
+        self._gradients = GradientReducer(self._active_config, topology, self._comm)
         self.units = self._build_units(tuple(unit_classes))
         self._forward_order = ExecutionOrder()
         self._backward_order = ExecutionOrder()
@@ -130,7 +131,22 @@ class ShardedModel(nn.Module):
             for flat in unit.flats
         ]
         backend = torch.distributed.get_backend()
-        return predicted_step_bytes(flats, self.topology.layout, self.config, self.topology.rank, backend)
+        return predicted_step_bytes(flats, self.topology.layout, self._active_config, self.topology.rank, backend)
+
+    def set_training_step(self, step: int) -> None:
+        """Apply the settings in force at training step ``step`` (``late_bits_from_step``);
+        call it before the step's forward."""
+        active = self.config.at_step(step)
+        if active == self._active_config:
+            return
+        for unit in self.units:
+            self._free(unit)
+        for flat in self.flat_params():  # packed in the old format, frozen ones included
+            flat.packed_shard = None
+            flat.secondary = None
+        self._active_config = active
+        self._weights.use_formats(active)
+        self._gradients.use_formats(active)
 
     def on_weights_changed(self) -> None:
         """Call after the master shards changed: drop stale gathered copies, refresh the

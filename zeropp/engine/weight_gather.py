@@ -55,6 +55,10 @@ class WeightGather:
         self.hierarchical = config.hierarchical_weight_gather
         self.quantize = quantizer(config.compile_quantization)
 
+    def use_formats(self, config: ZeroConfig) -> None:
+        """Gather in ``config``'s weight format from now on (the caller dropped packed copies)."""
+        self.format = config.weight_format if config.quantized_weights else None
+
     def start(self, flat: FlatParam, phase: str) -> PendingGather:
         """Begin filling ``flat.full``; the caller has allocated its storage."""
         use_secondary = self.hpz is not None and flat.secondary is not None

@@ -6,7 +6,7 @@ Trains the GPT on the standard-library corpus, 4 ranks as 2 nodes x 2, under ZeR
 compressed variant. The main variants run once per seed, and every seed gives ZeRO-3 and the
 variant the same initial weights and data order, so each gap is read as a paired difference
 (variant minus ZeRO-3 at the same seed); ZeRO-3's spread over seeds is the noise band.
-Variants in ``EXTRA`` run at the first seed only. Each finished run leaves
+Extra variants run at the first seed only. Each finished run leaves
 ``<run>.summary.json``; running the study again skips those, so an interrupted study resumes.
 Writes each run's metrics (JSON lines), a plot of validation loss per variant and of its
 paired gap to ZeRO-3, and a table (markdown and JSON).
@@ -27,44 +27,52 @@ from ..train import TrainConfig, train
 ZERO_PP = dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)
 BASELINE = "zero3"
 WORLD_SIZE = 4  # as 2 nodes x 2 ranks
-MAIN: dict[str, ZeroConfig] = {
-    BASELINE: ZeroConfig(),
-    "zero++ (int8 w, int4/int4 g)": ZeroConfig(**ZERO_PP),
-    "zero++ with int8/int4 g": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
-    # The two-hop gather brings W - D shards over each node's link instead of the ring's
-    # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact; the bytes it saves pay
-    # for 12 instead of 8 bits on the other node's shards.
-    "ours (two-hop int12 w, int8/int4 g)": ZeroConfig(
-        **ZERO_PP, hierarchical_weight_gather=True, weight_bits=12, gradient_bits_intra_node=8
-    ),
-}
-EXTRA: dict[str, ZeroConfig] = {
-    # The same saving spent on the gradients instead (INT8 across nodes), and ours with
-    # error feedback on the inter-node hop.
-    "two-hop int8 w, int8/int8 g": ZeroConfig(
-        **ZERO_PP, hierarchical_weight_gather=True, gradient_bits_intra_node=8, gradient_bits_inter_node=8
-    ),
-    "ours + error feedback": ZeroConfig(
-        **ZERO_PP, hierarchical_weight_gather=True, weight_bits=12, gradient_bits_intra_node=8,
-        gradient_error_feedback=True,
-    ),
-    "zero++ with int4 weights": ZeroConfig(**ZERO_PP, weight_bits=4),
-    # hpZ changes no numbers, so these two split ZeRO++'s gap between weights and gradients.
-    "qwZ only (int8 w)": ZeroConfig(quantized_weights=True),
-    "qgZ only (int4/int4 g)": ZeroConfig(quantized_gradients=True),
-    # About 1% error per step on the gradients and nothing else: how far a run drifts from
-    # ZeRO-3 when the perturbation is small.
-    "qgZ only (int8/int8 g)": ZeroConfig(quantized_gradients=True, gradient_bits_intra_node=8, gradient_bits_inter_node=8),
-}
+TWO_HOP = dict(ZERO_PP, hierarchical_weight_gather=True, gradient_bits_intra_node=8)
+
+
+def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]:
+    """(main variants, run at every seed; extra variants, run at the first seed)."""
+    main = {
+        BASELINE: ZeroConfig(),
+        "zero++ (int8 w, int4/int4 g)": ZeroConfig(**ZERO_PP),
+        "zero++ with int8/int4 g": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
+        # The two-hop gather brings W - D shards over each node's link instead of the ring's
+        # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact. The bytes it saves
+        # buy INT8 inter-node gradients for the first half of the run, where INT4 gradients
+        # slow training, then INT12 weights, where INT8 weights do.
+        "ours (two-hop; int8 w + int8/int8 g, then int12 w + int8/int4 g)": ZeroConfig(
+            **TWO_HOP, gradient_bits_inter_node=8, late_bits_from_step=steps // 2,
+            late_weight_bits=12, late_gradient_bits_inter_node=4,
+        ),
+    }
+    extra = {
+        # Each half of ours for the whole run, and the second half with error feedback.
+        "two-hop int8 w, int8/int8 g": ZeroConfig(**TWO_HOP, gradient_bits_inter_node=8),
+        "two-hop int12 w, int8/int4 g": ZeroConfig(**TWO_HOP, weight_bits=12),
+        "two-hop int12 w, int8/int4 g + error feedback": ZeroConfig(
+            **TWO_HOP, weight_bits=12, gradient_error_feedback=True
+        ),
+        "zero++ with int4 weights": ZeroConfig(**ZERO_PP, weight_bits=4),
+        # hpZ changes no numbers, so these two split ZeRO++'s gap between weights and gradients.
+        "qwZ only (int8 w)": ZeroConfig(quantized_weights=True),
+        "qgZ only (int4/int4 g)": ZeroConfig(quantized_gradients=True),
+        # About 1% error per step on the gradients and nothing else: how far a run drifts
+        # from ZeRO-3 when the perturbation is small.
+        "qgZ only (int8/int8 g)": ZeroConfig(
+            quantized_gradients=True, gradient_bits_intra_node=8, gradient_bits_inter_node=8
+        ),
+    }
+    return main, extra
 
 
 def _run_name(name: str, seed: int) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_") + f"_seed{seed}"
 
 
-def _runs(seeds: list[int]) -> list[tuple[str, int, ZeroConfig]]:
-    runs = [(name, seed, zero) for seed in seeds for name, zero in MAIN.items()]
-    return runs + [(name, seeds[0], zero) for name, zero in EXTRA.items()]
+def _runs(seeds: list[int], steps: int) -> list[tuple[str, int, ZeroConfig]]:
+    main, extra = _variants(steps)
+    runs = [(name, seed, zero) for seed in seeds for name, zero in main.items()]
+    return runs + [(name, seeds[0], zero) for name, zero in extra.items()]
 
 
 def _run_once(base: TrainConfig, out: Path, name: str, seed: int, zero: ZeroConfig) -> dict:
@@ -88,7 +96,7 @@ def run_study(base: TrainConfig, out: Path, seeds: list[int], report_only: bool 
     over the finished ones."""
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[int, dict]] = {}
-    for name, seed, zero in _runs(seeds):
+    for name, seed, zero in _runs(seeds, base.steps):
         finished = (out / f"{_run_name(name, seed)}.summary.json").exists()
         if finished or not report_only:
             results.setdefault(name, {})[seed] = _run_once(base, out, name, seed, zero)
@@ -126,14 +134,16 @@ def _table(results: dict[str, dict[int, dict]]) -> dict:
 
 
 def _node_link_bytes(config: dict) -> int:
-    """Bytes per training step into one node over its link, from the accounting (which the
+    """Most bytes of any training step into one node over its link, from the accounting (which the
     tests hold equal to the bytes each rank's collectives received, and the emulated
     cluster's interface counters to within 1%)."""
     zero = ZeroConfig(**config["zero"])
     work = gpt_work(config["model_size"], config["batch_per_rank"] * config["seq_len"], flops_per_s=1.0)
     per_node = config["ranks_per_node"]
     cluster = Cluster(num_nodes=WORLD_SIZE // per_node, ranks_per_node=per_node, inter_node_bytes_per_s=1.0)
-    return predict(work, cluster, zero)["inter_node_bytes_per_step"]
+    # The most of any step: before and after a change of bits.
+    phases = (zero.at_step(0), zero.at_step(config["steps"]))
+    return max(predict(work, cluster, phase)["inter_node_bytes_per_step"] for phase in phases)
 
 
 def _markdown(report: dict) -> str:

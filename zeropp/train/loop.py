@@ -148,6 +148,7 @@ def _maybe_save(model, optimizer, config: TrainConfig, completed: int) -> None:
 
 
 def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> float:
+    model.set_training_step(step)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate_at(config, step)
     total = torch.zeros(())
