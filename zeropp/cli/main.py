@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--hpz", type=int, default=1, help="hpZ group size (1 = off; must divide ranks per node)")
     trainer.add_argument("--qgz", action="store_true", help="quantized two-hop gradient reduce-scatter")
     trainer.add_argument("--weight-bits", type=int, default=8, help="qwZ bits per weight: 4, 8 or 12")
+    trainer.add_argument("--late-bits-from-step", type=int, default=0,
+                         help="from this step on use --late-weight-bits and --late-gradient-bits (0: never)")
+    trainer.add_argument("--late-weight-bits", type=int, default=12)
+    trainer.add_argument("--late-gradient-bits", type=int, default=4, help="qgZ inter-node bits from the late step on")
     trainer.add_argument("--hierarchical-gather", action="store_true",
                          help="gather weights in two hops: this node's shards exact, only other nodes' across")
     trainer.add_argument("--gradient-bits", default="4,4", help="qgZ bits intra-node,inter-node")
@@ -249,7 +253,8 @@ def _zero_config(args) -> tuple[ZeroConfig, dict]:
         quantized_weights=args.qwz, weight_bits=args.weight_bits, hpz_size=args.hpz, quantized_gradients=args.qgz,
         gradient_bits_intra_node=intra, gradient_bits_inter_node=inter, quantization_block_size=args.block_size,
         gradient_chunks=args.gradient_chunks, compile_quantization=args.compile_quantization,
-        hierarchical_weight_gather=args.hierarchical_gather,
+        hierarchical_weight_gather=args.hierarchical_gather, late_bits_from_step=args.late_bits_from_step,
+        late_weight_bits=args.late_weight_bits, late_gradient_bits_inter_node=args.late_gradient_bits,
     )
     return zero, {}
 
