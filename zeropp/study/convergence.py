@@ -44,11 +44,12 @@ def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]
             **TWO_HOP, gradient_bits_inter_node=8, late_bits_from_step=steps // 2,
             late_weight_bits=12, late_gradient_bits_inter_node=4,
         ),
+        # Its second half for the whole run.
+        "two-hop int12 w, int8/int4 g": ZeroConfig(**TWO_HOP, weight_bits=12),
     }
     extra = {
-        # Each half of ours for the whole run, and the second half with error feedback.
+        # Its first half for the whole run, and the second half with error feedback.
         "two-hop int8 w, int8/int8 g": ZeroConfig(**TWO_HOP, gradient_bits_inter_node=8),
-        "two-hop int12 w, int8/int4 g": ZeroConfig(**TWO_HOP, weight_bits=12),
         "two-hop int12 w, int8/int4 g + error feedback": ZeroConfig(
             **TWO_HOP, weight_bits=12, gradient_error_feedback=True
         ),
