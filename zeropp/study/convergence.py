@@ -37,22 +37,20 @@ def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]
         "zero++ (int8 w, int4/int4 g)": ZeroConfig(**ZERO_PP),
         "zero++ with int8/int4 g": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
         # The two-hop gather brings W - D shards over each node's link instead of the ring's
-        # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact. The bytes it saves
-        # buy INT8 inter-node gradients for the first half of the run, where INT4 gradients
-        # slow training, then INT12 weights, where INT8 weights do.
-        "ours (two-hop; int8 w + int8/int8 g, then int12 w + int8/int4 g)": ZeroConfig(
+        # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact; the bytes it saves
+        # pay for 12 instead of 8 bits on the other nodes' shards.
+        "ours (two-hop int12 w, int8/int4 g)": ZeroConfig(**TWO_HOP, weight_bits=12),
+    }
+    extra = {
+        # The same saving spent on the gradients (INT8 across nodes); on the gradients for
+        # the first half of the run and on the weights for the second; ours with error
+        # feedback on the inter-node hop.
+        "two-hop int8 w, int8/int8 g": ZeroConfig(**TWO_HOP, gradient_bits_inter_node=8),
+        "two-hop int8 w + int8/int8 g, then int12 w + int8/int4 g": ZeroConfig(
             **TWO_HOP, gradient_bits_inter_node=8, late_bits_from_step=steps // 2,
             late_weight_bits=12, late_gradient_bits_inter_node=4,
         ),
-        # Its second half for the whole run.
-        "two-hop int12 w, int8/int4 g": ZeroConfig(**TWO_HOP, weight_bits=12),
-    }
-    extra = {
-        # Its first half for the whole run, and the second half with error feedback.
-        "two-hop int8 w, int8/int8 g": ZeroConfig(**TWO_HOP, gradient_bits_inter_node=8),
-        "two-hop int12 w, int8/int4 g + error feedback": ZeroConfig(
-            **TWO_HOP, weight_bits=12, gradient_error_feedback=True
-        ),
+        "ours + error feedback": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_error_feedback=True),
         "zero++ with int4 weights": ZeroConfig(**ZERO_PP, weight_bits=4),
         # hpZ changes no numbers, so these two split ZeRO++'s gap between weights and gradients.
         "qwZ only (int8 w)": ZeroConfig(quantized_weights=True),
