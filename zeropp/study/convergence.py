@@ -35,13 +35,13 @@ def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]
     main = {
         BASELINE: ZeroConfig(),
         "zero++ (int8 w, int4/int4 g)": ZeroConfig(**ZERO_PP),
-        "zero++ with int8/int4 g": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
         # The two-hop gather brings W - D shards over each node's link instead of the ring's
         # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact; the bytes it saves
         # pay for 12 instead of 8 bits on the other nodes' shards.
         "ours (two-hop int12 w, int8/int4 g)": ZeroConfig(**TWO_HOP, weight_bits=12),
     }
     extra = {
+        "zero++ with int8/int4 g": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
         # The same saving spent on the gradients (INT8 across nodes); on the gradients for
         # the first half of the run and on the weights for the second; ours with error
         # feedback on the inter-node hop.
