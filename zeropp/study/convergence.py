@@ -26,6 +26,7 @@ from ..train import TrainConfig, train
 
 ZERO_PP = dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)
 BASELINE = "zero3"
+ZERO_PP_NAME = "zero++ (int8 w, int4/int4 g)"
 WORLD_SIZE = 4  # as 2 nodes x 2 ranks
 TWO_HOP = dict(ZERO_PP, hierarchical_weight_gather=True, gradient_bits_intra_node=8)
 
@@ -34,7 +35,7 @@ def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]
     """(main variants, run at every seed; extra variants, run at the first seed)."""
     main = {
         BASELINE: ZeroConfig(),
-        "zero++ (int8 w, int4/int4 g)": ZeroConfig(**ZERO_PP),
+        ZERO_PP_NAME: ZeroConfig(**ZERO_PP),
         # The two-hop gather brings W - D shards over each node's link instead of the ring's
         # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact; the bytes it saves
         # pay for 12 instead of 8 bits on the other nodes' shards.
@@ -125,11 +126,28 @@ def _table(results: dict[str, dict[int, dict]]) -> dict:
             "final_validation_loss": {seed: run["validation_loss"] for seed, run in runs.items()},
             "gap_percent": gaps,
             "mean_gap_percent": statistics.mean(gaps.values()),
+            # Of the mean gap, over seeds: how far the mean could move with other seeds.
+            "gap_standard_error": statistics.stdev(gaps.values()) / len(gaps) ** 0.5 if len(gaps) > 1 else None,
             "node_link_bytes_per_step": _node_link_bytes(next(iter(runs.values()))["config"]),
         }
     losses = list(baseline.values())
     noise = (max(losses) - min(losses)) / statistics.mean(losses) * 100 if len(losses) > 1 else None
-    return {"seeds": sorted(baseline), "noise_band_percent": noise, "runs": rows}
+    return {"seeds": sorted(baseline), "noise_band_percent": noise, "runs": rows, "versus_zero_pp": _versus(rows)}
+
+
+def _versus(rows: dict) -> dict:
+    """Per main variant: its gap minus ZeRO++'s at each shared seed, the mean and its
+    standard error (the question the study asks: closer to ZeRO-3 than ZeRO++?)."""
+    reference = rows[ZERO_PP_NAME]["gap_percent"]
+    result = {}
+    for name, row in rows.items():
+        shared = sorted(set(row["gap_percent"]) & set(reference))
+        if name in (BASELINE, ZERO_PP_NAME) or len(shared) < 2:
+            continue
+        differences = [row["gap_percent"][seed] - reference[seed] for seed in shared]
+        result[name] = {"seeds": shared, "difference_points": differences, "mean": statistics.mean(differences),
+                        "standard_error": statistics.stdev(differences) / len(differences) ** 0.5}
+    return result
 
 
 def _node_link_bytes(config: dict) -> int:
@@ -148,17 +166,24 @@ def _node_link_bytes(config: dict) -> int:
 def _markdown(report: dict) -> str:
     seeds = report["seeds"]
     header = ("| run | " + " | ".join(f"loss, seed {s}" for s in seeds)
-              + " | paired gap per seed | mean gap | MB/step over a node's link |")
+              + " | paired gap per seed | mean gap ± standard error | MB/step over a node's link |")
     lines = [header, "|---" * (len(seeds) + 4) + "|"]
     for name, row in report["runs"].items():
         final = row["final_validation_loss"]
         losses = " | ".join(f"{final[s]:.4f}" if s in final else "-" for s in seeds)
         gaps = ", ".join(f"{gap:+.2f}%" for gap in row["gap_percent"].values())
-        lines.append(f"| {name} | {losses} | {gaps} | {row['mean_gap_percent']:+.2f}% | "
+        error = row["gap_standard_error"]
+        mean = f"{row['mean_gap_percent']:+.2f}%" + (f" ± {error:.2f}" if error else "")
+        lines.append(f"| {name} | {losses} | {gaps} | {mean} | "
                      f"{row['node_link_bytes_per_step'] / 1e6:.3f} |")
     if report["noise_band_percent"] is not None:
         lines.append("\nZeRO-3 final validation loss across seeds (max - min over mean): "
                      f"{report['noise_band_percent']:.2f}%")
+    for name, versus in report["versus_zero_pp"].items():
+        per_seed = ", ".join(f"{value:+.2f}" for value in versus["difference_points"])
+        lines.append(f"\n{name} minus ZeRO++, paired gap difference in points per seed: {per_seed}; "
+                     f"mean {versus['mean']:+.2f} ± {versus['standard_error']:.2f} (standard error)")
+    return "\n".join(lines)
     return "\n".join(lines)
 
 
