@@ -184,7 +184,6 @@ def _markdown(report: dict) -> str:
         lines.append(f"\n{name} minus ZeRO++, paired gap difference in points per seed: {per_seed}; "
                      f"mean {versus['mean']:+.2f} ± {versus['standard_error']:.2f} (standard error)")
     return "\n".join(lines)
-    return "\n".join(lines)
 
 
 def _curves(path: Path) -> tuple[list[int], list[float]]:
