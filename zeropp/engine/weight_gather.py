@@ -102,25 +102,29 @@ class WeightGather:
         return PendingGather(None, None, True, across_nodes=(work, from_nodes), within_node=within_node, phase=phase)
 
     def _finish_hierarchical(self, flat: FlatParam, pending: PendingGather) -> None:
-        nodes, per_node = self.topology.num_nodes, self.topology.ranks_per_node
         work, from_nodes = pending.across_nodes
         if work is not None:
             work.wait()
-        node = self.topology.node
-        if nodes > 1:
-            remote = torch.cat([from_nodes[:node], from_nodes[node + 1 :]]).view(-1)  # [(N - 1) * P]
-            everyone = torch.empty(per_node, nodes - 1, remote.numel() // (nodes - 1), dtype=remote.dtype, device=remote.device)
-            hop3 = self.comm.all_gather(everyone.view(-1), remote, self.topology.group("intra_node"), pending.phase, flat.name)
-            if hop3 is not None:
-                hop3.wait()
-            if self.format is not None:
-                everyone = dequantize(everyone.view(per_node * (nodes - 1), -1), self.format, flat.shard_numel)
-            # everyone [D, N - 1, S] holds shard (n', d') at [d', index of n' among the other nodes]
-            others = [n for n in range(nodes) if n != node]
-            full = flat.full_data.view(nodes, per_node, flat.shard_numel)
-            full[others] = everyone.view(per_node, nodes - 1, flat.shard_numel).transpose(0, 1).to(full.dtype)
+        if self.topology.num_nodes > 1:
+            self._fill_other_nodes(flat, from_nodes, pending.phase)
         if pending.within_node is not None:
             pending.within_node.wait()
+
+    def _fill_other_nodes(self, flat: FlatParam, from_nodes: torch.Tensor, phase: str) -> None:
+        """Hop 3: share what hop 2 brought (``from_nodes`` [N, P], row n is shard (n, d))
+        with the other local ranks, and write every other node's shards into the buffer."""
+        nodes, per_node, node = self.topology.num_nodes, self.topology.ranks_per_node, self.topology.node
+        others = [n for n in range(nodes) if n != node]
+        remote = from_nodes[others].view(-1)  # [(N - 1) * P]
+        # [D, N - 1, P]: row d' holds the other nodes' shards at local index d'
+        everyone = remote.new_empty(per_node, nodes - 1, from_nodes.shape[1])
+        work = self.comm.all_gather(everyone.view(-1), remote, self.topology.group("intra_node"), phase, flat.name)
+        if work is not None:
+            work.wait()
+        if self.format is not None:
+            everyone = dequantize(everyone.view(per_node * (nodes - 1), -1), self.format, flat.shard_numel)
+        full = flat.full_data.view(nodes, per_node, flat.shard_numel)
+        full[others] = everyone.view(per_node, nodes - 1, flat.shard_numel).transpose(0, 1).to(full.dtype)
 
     def quantization_error_sums(self, flats: list[FlatParam]) -> tuple[float, float]:
         """(sum of squared errors, sum of squares) of this rank's quantized master shards
