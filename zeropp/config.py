@@ -113,8 +113,10 @@ class ZeroConfig:
         ``late_bits_from_step``."""
         if not self.late_bits_from_step or step < self.late_bits_from_step:
             return self
-        return replace(self, weight_bits=self.late_weight_bits, gradient_bits_inter_node=self.late_gradient_bits_inter_node,
-                       late_bits_from_step=0)
+        return replace(
+            self, weight_bits=self.late_weight_bits, gradient_bits_inter_node=self.late_gradient_bits_inter_node,
+            late_bits_from_step=0,
+        )
 
     @property
     def compute_torch_dtype(self) -> torch.dtype:
