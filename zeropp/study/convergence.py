@@ -1,6 +1,6 @@
 """``zeropp study convergence``: does the model learn as well under compressed communication?
 
-    zeropp study convergence --out runs/convergence          # ~65 minutes on 2 CPU cores
+    zeropp study convergence --out runs/convergence          # ~6 minutes per run on 2 CPU cores
 
 Trains the GPT on the standard-library corpus, 4 ranks as 2 nodes x 2, under ZeRO-3 and each
 compressed variant. The main variants run once per seed, and every seed gives ZeRO-3 and the
