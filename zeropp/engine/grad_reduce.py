@@ -33,6 +33,7 @@ class GradientReducer:
 
     def use_formats(self, config: ZeroConfig) -> None:
         """Quantize in ``config``'s gradient formats from the next reduction on."""
+        self.config = config
         self.options.formats = config.gradient_formats
 
     def start(self, flat_grad: torch.Tensor, label: str = ""):

@@ -57,6 +57,7 @@ class WeightGather:
 
     def use_formats(self, config: ZeroConfig) -> None:
         """Gather in ``config``'s weight format from now on (the caller dropped packed copies)."""
+        self.config = config
         self.format = config.weight_format if config.quantized_weights else None
 
     def start(self, flat: FlatParam, phase: str) -> PendingGather:
