@@ -35,6 +35,13 @@ def test_best_scheme_halves_the_error_the_optimizer_integrates(errors):
     assert best["cumulative"] * 2 <= zeropp["cumulative"], (best, zeropp)
 
 
+def test_log_grid_halves_the_error_of_adams_updates(errors):
+    zeropp = errors["int4/int4 (ZeRO++)"]
+    log_grid = errors["int8/log4"]  # the same cross-node bytes as ZeRO++
+    assert log_grid["inter_node_bytes_per_value"] == zeropp["inter_node_bytes_per_value"]
+    assert log_grid["adam"] * 2 <= zeropp["adam"], (log_grid, zeropp)
+
+
 @pytest.mark.parametrize(
     "scheme,metric",
     [("int4/int4 + error feedback", "cumulative"), ("int4/int4 + stochastic", "cumulative"), ("int8/int4", "step")],

@@ -15,10 +15,13 @@ def sample(numel, seed=0):
     return values
 
 
-@pytest.mark.parametrize("bits", [4, 8, 12])
+FORMATS = [(4, "uniform"), (8, "uniform"), (12, "uniform"), (4, "log")]
+
+
+@pytest.mark.parametrize("bits,grid", FORMATS)
 @pytest.mark.parametrize("block_size", [32, 64])
-def test_fast_path_produces_the_reference_codes(bits, block_size):
-    fmt = BlockFormat(bits, block_size)
+def test_fast_path_produces_the_reference_codes(bits, grid, block_size):
+    fmt = BlockFormat(bits, block_size, grid)
     values = sample(block_size * 12)
     packed = quantize(values, fmt)
     assert packed.dtype == torch.uint8 and packed.numel() == fmt.packed_nbytes(values.numel())
@@ -40,6 +43,22 @@ def test_error_within_half_a_step_per_block(bits, dtype):
     assert ((restored.view(-1, 64) - blocks).abs() <= half_step * (1 + 4 * fmt.max_code * 2**-24)).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_log_grid_keeps_every_value_within_a_third(dtype):
+    fmt = BlockFormat(4, 64, "log")
+    values = sample(64 * 20, seed=2).to(dtype)
+    restored = dequantize(quantize(values, fmt), fmt, values.numel()).view(-1, 64)
+    blocks = values.float().view(-1, 64)
+    absmax = blocks.abs().amax(dim=1, keepdim=True)
+    # Between two levels a factor 2 apart the midpoint is 3/2 of the lower one, so the
+    # nearest level is off by at most a third of the value; under the smallest level,
+    # absmax / 64, by at most half of it. (A uniform 4-bit grid zeroes everything below
+    # absmax / 14.)
+    bound = torch.maximum(blocks.abs() / 3, absmax / 128) * (1 + 2**-20)
+    assert ((restored - blocks).abs() <= bound).all()
+    assert torch.equal(restored.sign() * (blocks.abs() >= absmax / 128), blocks.sign() * (blocks.abs() >= absmax / 128))
+
+
 def test_rows_are_independent_segments():
     fmt = BlockFormat(4, 32)
     rows = sample(32 * 6).view(3, 64)
@@ -49,14 +68,18 @@ def test_rows_are_independent_segments():
     assert torch.equal(dequantize(packed, fmt, 64), torch.stack([dequantize(p, fmt, 64) for p in packed]))
 
 
-@pytest.mark.parametrize("kwargs,field", [(dict(bits=3), "bits"), (dict(block_size=7), "block_size")])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [(dict(bits=3), "bits"), (dict(block_size=7), "block_size"), (dict(grid="cubic"), "grid"),
+     (dict(bits=8, grid="log"), "bits")],
+)
 def test_bad_formats_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         BlockFormat(**kwargs)
 
 
-@pytest.mark.parametrize("bits", [4, 8, 12])
-def test_compiled_fast_path_produces_the_reference_codes(bits):
-    fmt = BlockFormat(bits, 64)
+@pytest.mark.parametrize("bits,grid", FORMATS)
+def test_compiled_fast_path_produces_the_reference_codes(bits, grid):
+    fmt = BlockFormat(bits, 64, grid)
     values = sample(64 * 16, seed=3)
     assert torch.equal(quantize_compiled(values, fmt), reference_quantize(values, fmt))

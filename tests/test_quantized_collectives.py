@@ -115,3 +115,30 @@ def test_qgz_crosses_nodes_with_quarter_bytes():
         packed = shard // 2 + shard // BLOCK * 4  # one peer, INT4 codes plus fp32 scales
         assert totals["received_inter_node"] == packed
         assert packed <= 0.27 * plain_inter
+
+
+def reduce_small_values(rank, world_size, grid):
+    topology = Topology.from_environment(ranks_per_node=2)
+    communicator = Communicator(CommLog(topology.layout, rank))
+    # The same values on every rank, their sizes spread over three decades inside each block.
+    generator = torch.Generator().manual_seed(5)
+    shard = BLOCK * 4
+    sizes = torch.logspace(-3, 0, BLOCK)[torch.randperm(BLOCK, generator=generator)].repeat(world_size * 4)
+    flat = sizes * torch.randn(world_size * shard, generator=generator).sign()
+    formats = (BlockFormat(8, BLOCK), BlockFormat(4, BLOCK, grid))
+    result = HierarchicalReduceScatter(flat, topology, communicator, QgzOptions(formats, num_chunks=2)).wait()
+    return result, flat[rank * shard : (rank + 1) * shard]
+
+
+def test_log_grid_keeps_the_size_of_small_gradients():
+    kept, zeroed = {}, {}
+    for grid in ("uniform", "log"):
+        for result, exact in spawn_ranks(reduce_small_values, 4, (grid,)):
+            above = exact.abs() >= exact.abs().max() / 32  # values within five factors of 2 of the largest
+            close = ((result - exact).abs() <= 0.5 * exact.abs())[above].float().mean().item()
+            kept[grid] = min(kept.get(grid, 1.0), close)
+            zeroed[grid] = max(zeroed.get(grid, 0.0), (result[above] == 0).float().mean().item())
+    # Every such value keeps its size to within a half on powers of two; a uniform 4-bit
+    # grid rounds the ones under absmax / 14 to 0 (about a quarter of them here).
+    assert kept["log"] == 1.0 and zeroed["log"] == 0.0, (kept, zeroed)
+    assert zeroed["uniform"] > 0.15 and kept["uniform"] < 0.8, (kept, zeroed)

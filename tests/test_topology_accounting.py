@@ -57,8 +57,20 @@ def test_hpz_size_must_divide_the_ranks_per_node():
 @pytest.mark.parametrize(
     "field,value",
     [("compute_dtype", "fp8"), ("reduce_dtype", "int4"), ("prefetch", "yes"), ("shard_alignment", 0),
-     ("late_bits_from_step", -1), ("late_weight_bits", 6), ("hierarchical_weight_gather", 1)],
+     ("late_bits_from_step", -1), ("late_weight_bits", 6), ("hierarchical_weight_gather", 1),
+     ("gradient_grid_inter_node", "cubic")],
 )
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         ZeroConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "fields,named",
+    [(dict(gradient_bits_inter_node=8), "gradient_bits_inter_node"),
+     (dict(late_bits_from_step=5, late_gradient_bits_inter_node=8), "late_gradient_bits_inter_node"),
+     (dict(gradient_stochastic_rounding=True), "gradient_stochastic_rounding")],
+)
+def test_log_grid_rejects_what_it_cannot_do(fields, named):
+    with pytest.raises(ValueError, match=named):
+        ZeroConfig(gradient_grid_inter_node="log", **fields)

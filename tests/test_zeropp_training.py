@@ -103,3 +103,26 @@ def test_parameters_smaller_than_the_hpz_group_train_like_zero3():
     for losses in spawn_ranks(tiny_parameter_losses, 4):
         assert losses["hpz"] == losses["zero3"]
         assert losses["zero3"][-1] != losses["zero3"][0]  # it did train
+
+
+def train_gradient_options(rank, world_size):
+    base = TrainConfig(
+        model_size="tiny", steps=30, batch_per_rank=8, seq_len=64, learning_rate=2e-3, eval_every=30, ranks_per_node=2
+    )
+    qgz = dict(quantized_gradients=True, gradient_bits_intra_node=8)
+    zero3 = train(rank, world_size, base)["losses"]
+    rounding = [
+        train(rank, world_size, replace(base, zero=ZeroConfig(**qgz, gradient_stochastic_rounding=True)))["losses"]
+        for _ in range(2)
+    ]
+    log_grid = train(rank, world_size, replace(base, zero=ZeroConfig(**qgz, gradient_grid_inter_node="log")))["losses"]
+    return zero3, rounding, log_grid
+
+
+def test_stochastic_rounding_and_log_grid_train():
+    zero3, rounding, log_grid = spawn_ranks(train_gradient_options, 4)[0]
+    assert rounding[0] == rounding[1]  # the noise is seeded: a run can be repeated
+    for losses in (rounding[0], log_grid):
+        assert losses != zero3  # the quantized path ran
+        for step, (baseline, compressed) in enumerate(zip(zero3, losses)):
+            assert abs(compressed - baseline) <= 0.02 * baseline, (step, baseline, compressed)

@@ -9,6 +9,7 @@ import math
 import torch
 
 from .quantization import BlockFormat
+from .quantization.blocks import GRIDS
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -62,6 +63,10 @@ class ZeroConfig:
     """Bits per gradient value on the intra-node hop of qgZ."""
     gradient_bits_inter_node: int = 4
     """Bits per gradient value on the inter-node hop of qgZ."""
+    gradient_grid_inter_node: str = "uniform"
+    """Levels of the inter-node hop of qgZ: ``"uniform"`` (INT codes) or ``"log"`` (4 bits:
+    absmax times 0 and +-2^-6 ... 2^0, the same bytes as INT4; each value keeps its size to
+    within a third, which is what Adam, dividing by each value's own scale, needs)."""
     gradient_chunks: int = 2
     """qgZ pipelines each bucket in this many chunks so the two hops overlap."""
     gradient_hadamard: int = 0
@@ -101,12 +106,19 @@ class ZeroConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self._check_hadamard()
+        if self.gradient_grid_inter_node not in GRIDS:
+            raise ValueError(f"gradient_grid_inter_node={self.gradient_grid_inter_node!r} is not supported; "
+                             f"allowed values: {list(GRIDS)}")
         for name in ("weight_bits", "gradient_bits_intra_node", "gradient_bits_inter_node", "late_weight_bits",
                      "late_gradient_bits_inter_node"):
+            grid = self.gradient_grid_inter_node if "gradient_bits_inter_node" in name else "uniform"
             try:
-                BlockFormat(getattr(self, name), self.quantization_block_size)
+                BlockFormat(getattr(self, name), self.quantization_block_size, grid)
             except ValueError as error:
                 raise ValueError(f"{name}: {error}") from None
+        if self.gradient_grid_inter_node == "log" and self.gradient_stochastic_rounding:
+            raise ValueError("gradient_stochastic_rounding works on the uniform grid only; "
+                             "turn it off or set gradient_grid_inter_node='uniform'")
 
     def at_step(self, step: int) -> "ZeroConfig":
         """The settings in force at training step ``step``: the late bits once it reaches
@@ -154,7 +166,8 @@ class ZeroConfig:
     def gradient_formats(self) -> tuple[BlockFormat, BlockFormat]:
         """(intra-node hop, inter-node hop) formats of qgZ."""
         block = self.quantization_block_size
-        return BlockFormat(self.gradient_bits_intra_node, block), BlockFormat(self.gradient_bits_inter_node, block)
+        return (BlockFormat(self.gradient_bits_intra_node, block),
+                BlockFormat(self.gradient_bits_inter_node, block, self.gradient_grid_inter_node))
 
     @property
     def parameter_alignment(self) -> int:

@@ -5,8 +5,12 @@ steps, so gradients are realistic) on its own batches, for several consecutive s
 scheme reduce-scatters them; we compare with the exact fp64 mean:
 
 - ``step``: relative L2 error of one step's result, averaged over steps;
-- ``cumulative``: relative L2 error of the sum over all steps, what the optimizer
-  integrates (error feedback is built to shrink this one);
+- ``cumulative``: relative L2 error of the sum over all steps, what plain SGD integrates
+  (error feedback is built to shrink this one);
+- ``adam``: relative L2 error of the sum of Adam's updates (the training loop's AdamW
+  moments, fed the scheme's results instead of the exact ones), what our optimizer
+  integrates: Adam divides by each value's own scale, so an error on a small gradient
+  counts as much as one on a large gradient;
 - ``inter_node_bytes_per_value``: what the scheme sends across nodes per gradient value.
 
     zeropp bench grad-error --out runs/bench/gradient_error.json
@@ -30,15 +34,21 @@ from ..quantization import BlockFormat
 from ..topology import Topology
 
 BLOCK = 256
+METRICS = ("step", "cumulative", "adam")
 SCHEMES = {
     "int4/int4 (ZeRO++)": dict(bits=(4, 4)),
     "int4/int4 + hadamard32": dict(bits=(4, 4), hadamard=32),
     "int4/int4 + stochastic": dict(bits=(4, 4), stochastic=True),
     "int4/int4 + error feedback": dict(bits=(4, 4), feedback=True),
     "int8/int4": dict(bits=(8, 4)),
+    "int8/int4 + stochastic": dict(bits=(8, 4), stochastic=True),
     "int8/int4 + error feedback": dict(bits=(8, 4), feedback=True),
     "int8/int4 + error feedback + stochastic": dict(bits=(8, 4), feedback=True, stochastic=True),
     "int8/int4 + hadamard32 + error feedback": dict(bits=(8, 4), hadamard=32, feedback=True),
+    # 4 bits across nodes on powers of two (``gradient_grid_inter_node="log"``).
+    "int4/log4": dict(bits=(4, 4), grid="log"),
+    "int8/log4": dict(bits=(8, 4), grid="log"),
+    "int8/log4 + error feedback": dict(bits=(8, 4), grid="log", feedback=True),
     # Twice the inter-node gradient bytes: the study's best setting pays for it with the
     # hierarchical weight gather's savings.
     "int8/int8": dict(bits=(8, 8)),
@@ -67,6 +77,30 @@ def _gradients(rank: int, world_size: int, steps: int) -> list[torch.Tensor]:
     return flats
 
 
+def _formats(scheme: dict) -> tuple[BlockFormat, BlockFormat]:
+    intra, inter = scheme["bits"]
+    return BlockFormat(intra, BLOCK), BlockFormat(inter, BLOCK, scheme.get("grid", "uniform"))
+
+
+class _AdamUpdates:
+    """Adam's update direction (``torch.optim.AdamW``'s defaults, no learning rate or decay)
+    and the sum of it over the steps seen."""
+
+    def __init__(self, like: torch.Tensor, betas=(0.9, 0.999), eps=1e-8) -> None:
+        self.betas, self.eps, self.step = betas, eps, 0
+        self.first, self.second, self.total = (torch.zeros_like(like, dtype=torch.float64) for _ in range(3))
+
+    def add(self, gradient: torch.Tensor) -> None:
+        self.step += 1
+        beta1, beta2 = self.betas
+        gradient = gradient.double()
+        self.first.mul_(beta1).add_(gradient, alpha=1 - beta1)
+        self.second.mul_(beta2).addcmul_(gradient, gradient, value=1 - beta2)
+        first = self.first / (1 - beta1**self.step)
+        second = self.second / (1 - beta2**self.step)
+        self.total += first / (second.sqrt() + self.eps)
+
+
 def _measure(rank: int, world_size: int, steps: int) -> dict:
     topology = Topology.from_environment(ranks_per_node=2)
     communicator = Communicator(CommLog(topology.layout, rank))
@@ -75,40 +109,46 @@ def _measure(rank: int, world_size: int, steps: int) -> dict:
     results = {}
     for name, scheme in SCHEMES.items():
         generator = torch.Generator().manual_seed(rank + 1) if scheme.get("stochastic") else None
-        options = QgzOptions(
-            tuple(BlockFormat(bits, BLOCK) for bits in scheme["bits"]), 2, hadamard_size=scheme.get("hadamard", 0),
-            generator=generator,
-        )
+        options = QgzOptions(_formats(scheme), 2, hadamard_size=scheme.get("hadamard", 0))
         residuals = [None, None] if scheme.get("feedback") else None
         step_errors, error_sum, exact_sum = [], torch.zeros_like(exact[0]), torch.zeros_like(exact[0])
+        adam, exact_adam = _AdamUpdates(exact[0]), _AdamUpdates(exact[0])
         for gradient, truth in zip(gradients, exact):
-            result = HierarchicalReduceScatter(gradient, topology, communicator, options, "grad", residuals).wait()
+            result = HierarchicalReduceScatter(
+                gradient, topology, communicator, options, "grad", residuals, generator
+            ).wait()
             step_errors.append(((result - truth).norm() / truth.norm()).item())
             error_sum += result - truth
             exact_sum += truth
-        results[name] = {"step": sum(step_errors) / len(step_errors), "cumulative": (error_sum.norm() / exact_sum.norm()).item()}
+            adam.add(result)
+            exact_adam.add(truth)
+        results[name] = {
+            "step": sum(step_errors) / len(step_errors),
+            "cumulative": (error_sum.norm() / exact_sum.norm()).item(),
+            "adam": ((adam.total - exact_adam.total).norm() / exact_adam.total.norm()).item(),
+        }
     return results
 
 
-def run(steps: int = 8) -> dict:
+def run(steps: int = 32) -> dict:
     per_rank = spawn_ranks(_measure, 4, (steps,))
     merged = {}
     for name in SCHEMES:  # average the per-rank relative errors
-        merged[name] = {key: sum(r[name][key] for r in per_rank) / len(per_rank) for key in ("step", "cumulative")}
+        merged[name] = {key: sum(r[name][key] for r in per_rank) / len(per_rank) for key in METRICS}
     baseline = merged["int4/int4 (ZeRO++)"]
     for name, row in merged.items():
-        row["step_vs_zeropp"] = baseline["step"] / row["step"]
-        row["cumulative_vs_zeropp"] = baseline["cumulative"] / row["cumulative"]
-        row["inter_node_bytes_per_value"] = BlockFormat(SCHEMES[name]["bits"][1], BLOCK).packed_nbytes(BLOCK) / BLOCK
+        for key in METRICS:
+            row[f"{key}_vs_zeropp"] = baseline[key] / row[key]
+        row["inter_node_bytes_per_value"] = _formats(SCHEMES[name])[1].packed_nbytes(BLOCK) / BLOCK
     return {"layout": "2x2", "block_size": BLOCK, "steps": steps, "schemes": merged}
 
 
 def main(args) -> int:
     report = run(args.steps)
-    print(f"{'scheme':<42}{'step error':>12}{'vs ZeRO++':>11}{'cumulative':>12}{'vs ZeRO++':>11}{'bytes/value':>13}")
+    print(f"{'scheme':<42}" + "".join(f"{key:>12}{'vs ZeRO++':>11}" for key in METRICS) + f"{'bytes/value':>13}")
     for name, row in report["schemes"].items():
-        print(f"{name:<42}{row['step']:>12.4f}{row['step_vs_zeropp']:>10.2f}x{row['cumulative']:>12.4f}"
-              f"{row['cumulative_vs_zeropp']:>10.2f}x{row['inter_node_bytes_per_value']:>13.4f}")
+        figures = "".join(f"{row[key]:>12.4f}{row[key + '_vs_zeropp']:>10.2f}x" for key in METRICS)
+        print(f"{name:<42}{figures}{row['inter_node_bytes_per_value']:>13.4f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

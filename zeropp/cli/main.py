@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--hierarchical-gather", action="store_true",
                          help="gather weights in two hops: this node's shards exact, only other nodes' across")
     trainer.add_argument("--gradient-bits", default="4,4", help="qgZ bits intra-node,inter-node")
+    trainer.add_argument("--gradient-grid", default="uniform",
+                         help="qgZ inter-node levels: uniform, or log (4 bits on powers of two)")
     trainer.add_argument("--block-size", type=int, default=256, help="values per quantization block")
     trainer.add_argument("--gradient-chunks", type=int, default=2, help="qgZ pipeline chunks per unit")
     trainer.add_argument("--compile-quantization", action="store_true", help="quantize with torch.compile")
@@ -97,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     comm.add_argument("--layouts", default="2x2,2x4,4x2", help="comma-separated NODESxRANKS layouts")
     comm.add_argument("--out", default="runs/bench/comm.json")
     grad_error = bench.add_parser("grad-error", help="qgZ schemes' error on real GPT gradients vs the exact mean")
-    grad_error.add_argument("--steps", type=int, default=8)
+    grad_error.add_argument("--steps", type=int, default=32)
     grad_error.add_argument("--out", default="runs/bench/gradient_error.json")
     throughput = bench.add_parser("throughput", help="tokens/s per variant and bandwidth on an emulated cluster")
     throughput.add_argument("--nodes", type=int, default=2)
@@ -251,7 +253,8 @@ def _zero_config(args) -> tuple[ZeroConfig, dict]:
     zero = ZeroConfig(
         compute_dtype=args.precision, reduce_dtype=args.reduce_dtype, activation_checkpointing=args.checkpointing,
         quantized_weights=args.qwz, weight_bits=args.weight_bits, hpz_size=args.hpz, quantized_gradients=args.qgz,
-        gradient_bits_intra_node=intra, gradient_bits_inter_node=inter, quantization_block_size=args.block_size,
+        gradient_bits_intra_node=intra, gradient_bits_inter_node=inter, gradient_grid_inter_node=args.gradient_grid,
+        quantization_block_size=args.block_size,
         gradient_chunks=args.gradient_chunks, compile_quantization=args.compile_quantization,
         hierarchical_weight_gather=args.hierarchical_gather, late_bits_from_step=args.late_bits_from_step,
         late_weight_bits=args.late_weight_bits, late_gradient_bits_inter_node=args.late_gradient_bits,

@@ -36,7 +36,6 @@ class QgzOptions:
     num_chunks: int = 2
     quantizer: Callable = quantize  # eager or compiled: the same codes
     hadamard_size: int = 0  # rotate groups of this many values first; 0: off
-    generator: torch.Generator | None = None  # stochastic rounding when set
 
 
 class HierarchicalReduceScatter:
@@ -46,6 +45,10 @@ class HierarchicalReduceScatter:
     ``residuals`` (one slot per chunk, kept by the caller between steps) turns on error
     feedback for the inter-node hop: what quantization dropped from this rank's node
     partial sums [N, s] is added back before quantizing them next time.
+
+    A ``generator`` turns on stochastic rounding. Give each reduction its own: buckets in
+    flight together quantize in an order that depends on timing, so one generator shared
+    between them would make a run impossible to repeat.
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class HierarchicalReduceScatter:
         options: QgzOptions,
         label: str = "",
         residuals: list | None = None,
+        generator: torch.Generator | None = None,
     ) -> None:
         self.nodes, self.per_node = topology.num_nodes, topology.ranks_per_node
         self.world_size = topology.world_size
@@ -66,6 +70,7 @@ class HierarchicalReduceScatter:
         self.intra_format, self.inter_format = options.formats
         self.label = label
         self.residuals = residuals
+        self.generator = generator
         shard = flat_grad.numel() // self.world_size
         assert shard % options.num_chunks == 0
         self.chunk = shard // options.num_chunks  # s
@@ -75,8 +80,8 @@ class HierarchicalReduceScatter:
         self._inter: list = [None] * options.num_chunks
 
     def _quantize(self, rows: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-        if self.options.generator is not None:
-            return quantize(rows, fmt, self.options.generator)
+        if self.generator is not None:
+            return quantize(rows, fmt, self.generator)
         return self.options.quantizer(rows, fmt)
 
     def _start_intra(self, rows: torch.Tensor):

@@ -12,6 +12,13 @@ pair the same elements in three bytes: ``a = element j``, ``b = element j + B / 
 ``a & 0xFF``, ``(a >> 8) | (b & 0xF) << 4``, ``b >> 4``.
 Batched calls take ``[K, n]`` and return ``[K, packed]``: every row is its own segment, so a
 row can be sent to another rank by itself.
+
+Two grids. ``uniform``: value = code * scale, scale = absmax / max_code. ``log`` (4 bits
+only): value = sign(code) * 2^(|code| - 7) * scale, scale = absmax, code 0 is 0; the seven
+levels per sign run from absmax down to absmax / 64, so a small value keeps its size to
+within a third instead of becoming 0. Adam divides every value by its own running scale,
+which makes relative error per value the error that counts (see ``zeropp bench grad-error``).
+Log codes are packed like INT4 codes.
 """
 
 from __future__ import annotations
@@ -22,22 +29,36 @@ from dataclasses import dataclass
 import torch
 
 SUPPORTED_BITS = (4, 8, 12)
+GRIDS = ("uniform", "log")
+# The log grid's value of each 4-bit code, indexed by code + 8 (index 0, code -8, is unused).
+LOG_LEVELS = tuple([0.0] + [-(2.0 ** (code - 7)) for code in range(7, 0, -1)] + [0.0]
+                   + [2.0 ** (code - 7) for code in range(1, 8)])
 
 
 @dataclass(frozen=True)
 class BlockFormat:
     bits: int = 8
     block_size: int = 256
+    grid: str = "uniform"
 
     def __post_init__(self) -> None:
         if self.bits not in SUPPORTED_BITS:
             raise ValueError(f"bits={self.bits} is not supported; allowed values: {list(SUPPORTED_BITS)}")
         if self.block_size < 2 or self.block_size % 2:
             raise ValueError(f"block_size must be an even number >= 2, got {self.block_size}")
+        if self.grid not in GRIDS:
+            raise ValueError(f"grid={self.grid!r} is not supported; allowed values: {list(GRIDS)}")
+        if self.grid == "log" and self.bits != 4:
+            raise ValueError(f"the log grid has 4 bits only, got bits={self.bits}")
 
     @property
     def max_code(self) -> int:
         return 2 ** (self.bits - 1) - 1  # 2047 for INT12, 127 for INT8, 7 for INT4
+
+    @property
+    def scale_divisor(self) -> int:
+        """scale = absmax / scale_divisor: the largest code's level is absmax."""
+        return self.max_code if self.grid == "uniform" else 1
 
     def code_nbytes(self, numel: int) -> int:
         return numel * self.bits // 8
@@ -76,9 +97,12 @@ def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat, noise: torch.Tensor | 
     # [K, n/B, 1]: max |x| from two reductions, without an |x| temporary (torch.aminmax
     # is 4x slower than amax + amin on CPU)
     absmax = torch.maximum(blocks.amax(dim=-1, keepdim=True), blocks.amin(dim=-1, keepdim=True).neg_())
-    inverse = torch.where(absmax > 0, fmt.max_code / absmax, torch.zeros_like(absmax))
+    inverse = torch.where(absmax > 0, fmt.scale_divisor / absmax, torch.zeros_like(absmax))
     codes = blocks.mul_(inverse).view(num_rows, numel)
-    if noise is None:
+    if fmt.grid == "log":
+        assert noise is None, "stochastic rounding is for the uniform grid"
+        codes = _log_codes(codes)
+    elif noise is None:
         codes.round_()
     else:  # |scaled| <= max_code, so floor(scaled + u) stays within [-max_code, max_code]
         codes.add_(noise).floor_()
@@ -92,7 +116,18 @@ def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat, noise: torch.Tensor | 
         low, high = halves[:, :, 0], halves[:, :, 1]
         triples = torch.stack([low & 0xFF, (low >> 8) | ((high & 0xF) << 4), high >> 4], dim=-1)
         code_bytes = triples.to(torch.uint8).view(num_rows, fmt.code_nbytes(numel))
-    return code_bytes, (absmax / fmt.max_code).view(num_rows, -1)
+    return code_bytes, (absmax / fmt.scale_divisor).view(num_rows, -1)
+
+
+def _log_codes(scaled: torch.Tensor) -> torch.Tensor:
+    """Values in [-1, 1] -> log-grid codes in [-7, 7] (as floats), the nearest level with
+    ties away from zero. With ``|x| = m * 2^e``, m in [0.5, 1) (exact, from frexp), ``|x|``
+    lies between the levels 2^(e-1) (code e + 6) and 2^e, and their midpoint is m = 0.75.
+    Below 2^-7, half the smallest level, a value becomes 0."""
+    mantissa, exponent = torch.frexp(scaled.abs())
+    magnitude = (exponent + 6 + (mantissa >= 0.75).to(exponent.dtype)).clamp_(1, 7).to(scaled.dtype)
+    magnitude = torch.where(scaled.abs() >= 2.0**-7, magnitude, torch.zeros_like(magnitude))
+    return magnitude.mul_(scaled.sign())
 
 
 def pack(code_bytes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -133,6 +168,9 @@ def dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int, dtype: torch.
         low = triples[..., 0] | ((triples[..., 1] & 0xF) << 8)
         high = (triples[..., 1] >> 4) | (triples[..., 2] << 4)
         codes = torch.stack([low, high], dim=2).view(num_rows, numel) - 2048
+    if fmt.grid == "log":
+        levels = torch.tensor(LOG_LEVELS, dtype=torch.float32, device=codes.device)
+        codes = levels[codes.to(torch.int64) + 8]
     blocks = codes.view(num_rows, numel // fmt.block_size, fmt.block_size).float().mul_(scales.unsqueeze(-1))
     values = blocks.view(num_rows, numel).to(dtype)
     return values if packed.dim() > 1 else values.view(-1)

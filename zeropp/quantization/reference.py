@@ -10,6 +10,17 @@ import torch
 from .blocks import BlockFormat
 
 
+def _log_code(scaled: float) -> int:
+    """The log grid's nearest level to ``scaled`` in [-1, 1], ties away from zero: walk the
+    levels 0, 2^-6, ..., 1 and keep the last one whose midpoint with the one below is reached."""
+    levels = [0.0] + [2.0 ** (code - 7) for code in range(1, 8)]
+    magnitude = 0
+    for code in range(1, 8):
+        if abs(scaled) >= (levels[code - 1] + levels[code]) / 2:
+            magnitude = code
+    return magnitude if scaled >= 0 else -magnitude
+
+
 def reference_quantize(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """[n] values -> packed uint8 [P] (see the layout in ``blocks.py``)."""
     values = values.float().reshape(-1)
@@ -19,10 +30,11 @@ def reference_quantize(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     for start in range(0, values.numel(), fmt.block_size):
         block = values[start : start + fmt.block_size]
         absmax = block.abs().max()
-        inverse = fmt.max_code / absmax if absmax > 0 else torch.tensor(0.0)
-        scales.append((absmax / fmt.max_code).reshape(1))
+        inverse = fmt.scale_divisor / absmax if absmax > 0 else torch.tensor(0.0)
+        scales.append((absmax / fmt.scale_divisor).reshape(1))
         for value in block:
-            codes.append(int(torch.round(value * inverse)))
+            scaled = value * inverse
+            codes.append(_log_code(scaled.item()) if fmt.grid == "log" else int(torch.round(scaled)))
     half = fmt.block_size // 2
     code_bytes = []
     if fmt.bits == 8:
@@ -60,5 +72,8 @@ def reference_dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int) -> 
             codes.extend([a | ((b & 0xF) << 8) for a, b, _ in triples])
             codes.extend([(b >> 4) | (c << 4) for _, b, c in triples])
         codes = [code - 2048 for code in codes]
-    values = torch.tensor(codes, dtype=torch.float32)
+    if fmt.grid == "log":
+        values = torch.tensor([0.0 if code == 0 else (1 if code > 0 else -1) * 2.0 ** (abs(code) - 7) for code in codes])
+    else:
+        values = torch.tensor(codes, dtype=torch.float32)
     return values * scales.repeat_interleave(fmt.block_size)

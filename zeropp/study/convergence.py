@@ -27,6 +27,7 @@ from ..train import TrainConfig, train
 ZERO_PP = dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)
 BASELINE = "zero3"
 ZERO_PP_NAME = "zero++ (int8 w, int4/int4 g)"
+LOG_GRID_NAME = "ours + log grid (int12 w, int8/log4 g)"
 WORLD_SIZE = 4  # as 2 nodes x 2 ranks
 TWO_HOP = dict(ZERO_PP, hierarchical_weight_gather=True, gradient_bits_intra_node=8)
 
@@ -40,18 +41,26 @@ def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]
         # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact; the bytes it saves
         # pay for 12 instead of 8 bits on the other nodes' shards.
         "ours (two-hop int12 w, int8/int4 g)": ZeroConfig(**TWO_HOP, weight_bits=12),
+        # Deterministic rounding sends every gradient value under half a step to zero, so
+        # Adam's average of a small but steady gradient shrinks; these two keep it unbiased:
+        # rounding at random in proportion, or carrying each rank's rounding error into its
+        # next step.
+        "ours + stochastic rounding": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_stochastic_rounding=True),
+        "ours + error feedback": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_error_feedback=True),
+        # The same 4 bits across nodes on a grid of powers of two: Adam divides each value by
+        # its own running scale, so what it needs is every value to within a fraction of its
+        # size, which a uniform grid denies the small ones.
+        LOG_GRID_NAME: ZeroConfig(**TWO_HOP, weight_bits=12, gradient_grid_inter_node="log"),
     }
     extra = {
         "zero++ with int8/int4 g": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
         # The same saving spent on the gradients (INT8 across nodes); on the gradients for
-        # the first half of the run and on the weights for the second; ours with error
-        # feedback on the inter-node hop.
+        # the first half of the run and on the weights for the second.
         "two-hop int8 w, int8/int8 g": ZeroConfig(**TWO_HOP, gradient_bits_inter_node=8),
         "two-hop int8 w + int8/int8 g, then int12 w + int8/int4 g": ZeroConfig(
             **TWO_HOP, gradient_bits_inter_node=8, late_bits_from_step=steps // 2,
             late_weight_bits=12, late_gradient_bits_inter_node=4,
         ),
-        "ours + error feedback": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_error_feedback=True),
         "zero++ with int4 weights": ZeroConfig(**ZERO_PP, weight_bits=4),
         # hpZ changes no numbers, so these two split ZeRO++'s gap between weights and gradients.
         "qwZ only (int8 w)": ZeroConfig(quantized_weights=True),
