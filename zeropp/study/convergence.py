@@ -41,18 +41,18 @@ def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]
         # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact; the bytes it saves
         # pay for 12 instead of 8 bits on the other nodes' shards.
         "ours (two-hop int12 w, int8/int4 g)": ZeroConfig(**TWO_HOP, weight_bits=12),
-        # Deterministic rounding sends every gradient value under half a step to zero, so
-        # Adam's average of a small but steady gradient shrinks; these two keep it unbiased:
-        # rounding at random in proportion, or carrying each rank's rounding error into its
-        # next step.
-        "ours + stochastic rounding": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_stochastic_rounding=True),
-        "ours + error feedback": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_error_feedback=True),
         # The same 4 bits across nodes on a grid of powers of two: Adam divides each value by
         # its own running scale, so what it needs is every value to within a fraction of its
         # size, which a uniform grid denies the small ones.
         LOG_GRID_NAME: ZeroConfig(**TWO_HOP, weight_bits=12, gradient_grid_inter_node="log"),
     }
     extra = {
+        # Deterministic rounding sends every gradient value under half a step to zero, so
+        # Adam's average of a small but steady gradient shrinks; these two keep it unbiased:
+        # rounding at random in proportion, or carrying each rank's rounding error into its
+        # next step.
+        "ours + stochastic rounding": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_stochastic_rounding=True),
+        "ours + error feedback": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_error_feedback=True),
         "zero++ with int8/int4 g": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
         # The same saving spent on the gradients (INT8 across nodes); on the gradients for
         # the first half of the run and on the weights for the second.
