@@ -49,8 +49,7 @@ SCHEMES = {
     "int4/log4": dict(bits=(4, 4), grid="log"),
     "int8/log4": dict(bits=(8, 4), grid="log"),
     "int8/log4 + error feedback": dict(bits=(8, 4), grid="log", feedback=True),
-    # Twice the inter-node gradient bytes: the study's best setting pays for it with the
-    # hierarchical weight gather's savings.
+    # Twice the inter-node gradient bytes: how close 8 bits across nodes would come.
     "int8/int8": dict(bits=(8, 8)),
 }
 
