@@ -169,11 +169,16 @@ def dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int, dtype: torch.
         high = (triples[..., 1] >> 4) | (triples[..., 2] << 4)
         codes = torch.stack([low, high], dim=2).view(num_rows, numel) - 2048
     if fmt.grid == "log":
-        levels = torch.tensor(LOG_LEVELS, dtype=torch.float32, device=codes.device)
-        codes = levels[codes.to(torch.int64) + 8]
+        codes = _log_levels(codes.device)[codes.to(torch.int64) + 8]
     blocks = codes.view(num_rows, numel // fmt.block_size, fmt.block_size).float().mul_(scales.unsqueeze(-1))
     values = blocks.view(num_rows, numel).to(dtype)
     return values if packed.dim() > 1 else values.view(-1)
+
+
+@functools.cache
+def _log_levels(device: torch.device) -> torch.Tensor:
+    """:data:`LOG_LEVELS` on ``device``, built once: dequantizing runs on every inter-node hop."""
+    return torch.tensor(LOG_LEVELS, dtype=torch.float32, device=device)
 
 
 def quantizer(compiled: bool):
