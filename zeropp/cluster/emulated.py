@@ -44,6 +44,29 @@ def check_privileges() -> None:
         raise RuntimeError("zeropp cluster needs root (CAP_NET_ADMIN) to create network namespaces and shape links with tc")
 
 
+def probe_emulation() -> str | None:
+    """None when this machine can build an emulated cluster, else what is missing: tries
+    what a cluster needs, a network namespace and a tc qdisc inside it, and removes both."""
+    try:
+        check_privileges()
+    except RuntimeError as error:
+        return str(error)
+    name = f"zppprobe{secrets.token_hex(3)}"
+    try:
+        _run("ip", "netns", "add", name)
+    except RuntimeError as error:
+        return f"cannot create a network namespace: {error}"
+    try:
+        _run("ip", "-n", name, "link", "set", "lo", "up")
+        _run("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root",
+             "tbf", "rate", "100mbit", "burst", "64kb", "latency", "50ms")
+    except RuntimeError as error:
+        return f"cannot shape a link with tc: {error}"
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    return None
+
+
 def _run(*command: str) -> str:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
