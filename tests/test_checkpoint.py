@@ -212,7 +212,7 @@ def save_medium(rank, world_size, root):
 def test_export_streams_below_twice_the_model_size(tmp_path):
     spawn_ranks(save_medium, 4, (str(tmp_path / "ckpt"),))
     snippet = (
-        "import json, sys; from zeropp.cli.main import measure_export; "
+        "import json, sys; from zeropp_tools.cli.main import measure_export; "
         "print(json.dumps(measure_export(sys.argv[1], sys.argv[2])))"
     )
     result = subprocess.run(

@@ -5,9 +5,9 @@ import subprocess
 
 import pytest
 
-from zeropp.cluster import ClusterSpec
-from zeropp.cluster.emulated import payload_bytes, probe_emulation
-from zeropp.cluster.launch import run_on_cluster
+from zeropp_tools.cluster import ClusterSpec
+from zeropp_tools.cluster.emulated import payload_bytes, probe_emulation
+from zeropp_tools.cluster.launch import run_on_cluster
 
 MISSING = probe_emulation()  # what this machine lacks to emulate a cluster; None: nothing
 TRAIN = ["train", "--model", "small", "--steps", "3", "--batch-per-rank", "2", "--seq-len", "32"]

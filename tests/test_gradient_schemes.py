@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from zeropp.bench.gradient_error import run
+from zeropp_tools.bench.gradient_error import run
 from zeropp.quantization import BlockFormat, dequantize, quantize
 from zeropp.quantization.hadamard import hadamard, reference_hadamard
 

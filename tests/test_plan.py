@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from zeropp.config import ZeroConfig
-from zeropp.plan import Cluster, compare, gpt_work, paper_predictions, predict, recommend
+from zeropp_tools.plan import Cluster, compare, gpt_work, paper_predictions, predict, recommend
 
 
 def test_planner_bytes_equal_the_measured_volume():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from zeropp.bench.comm import format_report, run
+from zeropp_tools.bench.comm import format_report, run
 
 
 @pytest.mark.parametrize("layout", [(2, 2), (2, 4)])

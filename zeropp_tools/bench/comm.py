@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import standard_variants
-from ..engine import ShardedModel
-from ..launch import spawn_ranks
-from ..models import GPT, Block, GPTConfig
-from ..optim import ShardedOptimizer
-from ..topology import Topology
+from zeropp.config import standard_variants
+from zeropp.engine import ShardedModel
+from zeropp.launch import spawn_ranks
+from zeropp.models import GPT, Block, GPTConfig
+from zeropp.optim import ShardedOptimizer
+from zeropp.topology import Topology
 
 def measure_variants(rank: int, world_size: int, ranks_per_node: int, model_size: str, tokens: tuple[int, int]):
     """For every variant: measured and predicted bytes of this rank's second step."""

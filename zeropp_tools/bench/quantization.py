@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from ..data import ByteCorpus, load_stdlib_corpus
-from ..models import GPT, GPTConfig
-from ..quantization import BlockFormat, dequantize, quantize
-from ..quantization.blocks import _compiled_quantize_blocks, quantize_compiled
+from zeropp.data import ByteCorpus, load_stdlib_corpus
+from zeropp.models import GPT, GPTConfig
+from zeropp.quantization import BlockFormat, dequantize, quantize
+from zeropp.quantization.blocks import _compiled_quantize_blocks, quantize_compiled
 
 
 def _seconds(fn, repeats: int) -> list[float]:

@@ -25,12 +25,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .accounting import FlatSummary, predicted_step_bytes
-from .config import ZeroConfig, standard_variants
-from .models import GPT, Block, GPTConfig
-from .sharding import plan_units
-from .sharding.flat_param import shard_numel_for
-from .topology import Layout
+from zeropp.accounting import FlatSummary, predicted_step_bytes
+from zeropp.config import ZeroConfig, standard_variants
+from zeropp.models import GPT, Block, GPTConfig
+from zeropp.sharding import plan_units
+from zeropp.sharding.flat_param import shard_numel_for
+from zeropp.topology import Layout
 
 
 @dataclass(frozen=True)

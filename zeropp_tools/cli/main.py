@@ -2,7 +2,7 @@
 
     zeropp demo                                  # 4 CPU ranks as 2 nodes x 2, built-in defaults
     zeropp train --model medium --steps 500 --precision bf16 --world-size 4 --ranks-per-node 2
-    torchrun --nproc-per-node 4 -m zeropp.cli.main train ...   # join a torchrun world instead
+    torchrun --nproc-per-node 4 -m zeropp_tools.cli.main train ...   # join a torchrun world instead
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import signal
 import sys
 from pathlib import Path
 
-from ..accounting import format_table
-from ..config import DTYPES, ZeroConfig
-from ..deepspeed_config import load_deepspeed_config
-from ..topology import Layout
-from ..launch import finish_distributed, init_from_torchrun, spawn_ranks
-from ..train import TrainConfig, train
-from ..train.loop import write_summary
+from zeropp.accounting import format_table
+from zeropp.config import DTYPES, ZeroConfig
+from zeropp.deepspeed_config import load_deepspeed_config
+from zeropp.topology import Layout
+from zeropp.launch import finish_distributed, init_from_torchrun, spawn_ranks
+from zeropp.train import TrainConfig, train
+from zeropp.train.loop import write_summary
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "cluster":
             return _run_cluster(args)
         if args.command == "plan":
-            from .. import plan as planner
+            from zeropp_tools import plan as planner
 
             return planner.main(args)
         if args.command == "study":
-            from ..study import convergence
+            from zeropp_tools.study import convergence
 
             return convergence.main(args)
         return run_training(args)
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_cluster(args) -> int:
-    from ..cluster import ClusterSpec
-    from ..cluster.launch import run_on_cluster
+    from zeropp_tools.cluster import ClusterSpec
+    from zeropp_tools.cluster.launch import run_on_cluster
 
     arguments = args.arguments[1:] if args.arguments[:1] == ["--"] else args.arguments
     if not arguments:
@@ -184,10 +184,10 @@ def _run_export(args) -> int:
 
 
 def measure_export(checkpoint, output) -> dict:
-    from ..checkpoint import export_consolidated, resolve_checkpoint
-    from ..checkpoint.export import model_bytes
-    from ..checkpoint.format import read_metadata
-    from ..memory import peak_rss_increase
+    from zeropp.checkpoint import export_consolidated, resolve_checkpoint
+    from zeropp.checkpoint.export import model_bytes
+    from zeropp.checkpoint.format import read_metadata
+    from zeropp.memory import peak_rss_increase
 
     size = model_bytes(read_metadata(resolve_checkpoint(checkpoint)))
     written, peak = peak_rss_increase(lambda: export_consolidated(checkpoint, output))
@@ -196,18 +196,18 @@ def measure_export(checkpoint, output) -> dict:
 
 def _run_bench(args) -> int:
     if args.bench == "comm":
-        from ..bench import comm
+        from zeropp_tools.bench import comm
 
         return comm.main(args)
     if args.bench == "throughput":
-        from ..bench import throughput
+        from zeropp_tools.bench import throughput
 
         return throughput.main(args)
     if args.bench == "grad-error":
-        from ..bench import gradient_error
+        from zeropp_tools.bench import gradient_error
 
         return gradient_error.main(args)
-    from ..bench import quantization
+    from zeropp_tools.bench import quantization
 
     return quantization.main(args)
 

@@ -13,7 +13,7 @@ from .emulated import ClusterSpec, EmulatedCluster
 MASTER_PORT = 29517
 
 
-ZEROPP_CLI = ["-m", "zeropp.cli.main"]
+ZEROPP_CLI = ["-m", "zeropp_tools.cli.main"]
 
 
 def torchrun_command(spec: ClusterSpec, node: int, master: str, arguments: list[str], program: list[str],

@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 
-from ..accounting import CommLog
-from ..collectives import Communicator
-from ..collectives.quantized_reduce_scatter import HierarchicalReduceScatter, QgzOptions
-from ..collectives.reference import reference_reduce_scatter_mean
-from ..data import ByteCorpus, load_stdlib_corpus
-from ..launch import spawn_ranks
-from ..models import GPT, GPTConfig
-from ..quantization import BlockFormat
-from ..topology import Topology
+from zeropp.accounting import CommLog
+from zeropp.collectives import Communicator
+from zeropp.collectives.quantized_reduce_scatter import HierarchicalReduceScatter, QgzOptions
+from zeropp.collectives.reference import reference_reduce_scatter_mean
+from zeropp.data import ByteCorpus, load_stdlib_corpus
+from zeropp.launch import spawn_ranks
+from zeropp.models import GPT, GPTConfig
+from zeropp.quantization import BlockFormat
+from zeropp.topology import Topology
 
 BLOCK = 256
 METRICS = ("step", "cumulative", "adam")

@@ -19,10 +19,10 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import ZeroConfig
-from ..launch import spawn_ranks
-from ..plan import Cluster, gpt_work, predict
-from ..train import TrainConfig, train
+from zeropp.config import ZeroConfig
+from zeropp.launch import spawn_ranks
+from zeropp_tools.plan import Cluster, gpt_work, predict
+from zeropp.train import TrainConfig, train
 
 ZERO_PP = dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)
 BASELINE = "zero3"

@@ -17,10 +17,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from ..cluster import ClusterSpec
-from ..cluster.emulated import payload_bytes
-from ..cluster.launch import run_on_cluster
-from ..plan import compare, comparison_markdown
+from zeropp_tools.cluster import ClusterSpec
+from zeropp_tools.cluster.emulated import payload_bytes
+from zeropp_tools.cluster.launch import run_on_cluster
+from zeropp_tools.plan import compare, comparison_markdown
 
 VARIANTS = {
     "zero3": [],
