@@ -6,6 +6,7 @@ import torch
 from zeropp_tools.bench.gradient_error import run
 from zeropp.quantization import BlockFormat, dequantize, quantize
 from zeropp.quantization.hadamard import hadamard, reference_hadamard
+from zeropp.reduce.qgz import rounding_seed
 
 
 def test_hadamard_matches_the_matrix_and_is_its_own_inverse():
@@ -22,6 +23,17 @@ def test_stochastic_rounding_is_unbiased():
     nearest = dequantize(quantize(values, fmt), fmt, 32)
     assert (mean - values).abs().max() < 0.01
     assert (nearest - values).abs().max() > 0.05  # half a step: nearest rounding is biased per value
+
+
+def test_stochastic_rounding_draws_other_noise_on_every_rank_and_reduction():
+    draws = {
+        (rank, reduction): torch.rand(8, generator=torch.Generator().manual_seed(rounding_seed(rank, reduction)))
+        for rank in range(4) for reduction in range(1, 4)
+    }
+    for key, values in draws.items():
+        for other, other_values in draws.items():
+            assert key == other or not torch.equal(values, other_values), (key, other)
+    assert rounding_seed(2, 3) == rounding_seed(2, 3)  # repeatable
 
 
 @pytest.fixture(scope="module")

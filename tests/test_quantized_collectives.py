@@ -7,11 +7,10 @@ import torch
 from zeropp import ShardedModel, Topology, ZeroConfig
 from zeropp.accounting import CommLog
 from zeropp.collectives import Communicator
-from zeropp.collectives.quantized_reduce_scatter import HierarchicalReduceScatter, QgzOptions
 from zeropp.collectives.reference import reference_reduce_scatter_mean
 from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
-from zeropp.quantization import BlockFormat
+from zeropp.reduce import QgzReduction
 
 BLOCK = 64
 
@@ -81,8 +80,9 @@ def reduce_both_ways(rank, world_size, ranks_per_node, bits, shard):
     # Every rank holds the same signal plus its own noise, so the mean is far from zero
     # and a result off by a factor (D, W, N) is far outside the error bound.
     flat = common + 0.3 * torch.randn(world_size * shard, generator=generator)
-    formats = (BlockFormat(bits[0], BLOCK), BlockFormat(bits[1], BLOCK))
-    pending = HierarchicalReduceScatter(flat, topology, communicator, QgzOptions(formats, num_chunks=2))
+    config = ZeroConfig(quantized_gradients=True, quantization_block_size=BLOCK, gradient_chunks=2,
+                        gradient_bits_intra_node=bits[0], gradient_bits_inter_node=bits[1])
+    pending = QgzReduction(config, topology, communicator).start(flat)
     pending.progress()
     quantized = pending.wait()
     exact = reference_reduce_scatter_mean(flat, topology.group("world"), rank)
@@ -125,8 +125,9 @@ def reduce_small_values(rank, world_size, grid):
     shard = BLOCK * 4
     sizes = torch.logspace(-3, 0, BLOCK)[torch.randperm(BLOCK, generator=generator)].repeat(world_size * 4)
     flat = sizes * torch.randn(world_size * shard, generator=generator).sign()
-    formats = (BlockFormat(8, BLOCK), BlockFormat(4, BLOCK, grid))
-    result = HierarchicalReduceScatter(flat, topology, communicator, QgzOptions(formats, num_chunks=2)).wait()
+    config = ZeroConfig(quantized_gradients=True, quantization_block_size=BLOCK, gradient_chunks=2,
+                        gradient_bits_intra_node=8, gradient_grid_inter_node=grid)
+    result = QgzReduction(config, topology, communicator).start(flat).wait()
     return result, flat[rank * shard : (rank + 1) * shard]
 
 

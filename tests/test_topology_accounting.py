@@ -57,7 +57,7 @@ def test_hpz_size_must_divide_the_ranks_per_node():
 @pytest.mark.parametrize(
     "field,value",
     [("compute_dtype", "fp8"), ("reduce_dtype", "int4"), ("prefetch", "yes"), ("shard_alignment", 0),
-     ("late_bits_from_step", -1), ("late_weight_bits", 6), ("hierarchical_weight_gather", 1),
+     ("late_bits_from_step", -1), ("late_weight_bits", 6), ("two_hop_weight_gather", 1),
      ("gradient_grid_inter_node", "cubic")],
 )
 def test_config_rejects_bad_values_naming_the_field(field, value):

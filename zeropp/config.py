@@ -27,36 +27,43 @@ def parse_dtype(field_name: str, value: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"{field_name}={value!r} is not supported; allowed values: {sorted(DTYPES)}")
 
 
+FIELD_GROUPS: dict[str, tuple[str, ...]] = {
+    "precision": ("compute_dtype", "reduce_dtype"),
+    "gather": ("quantized_weights", "weight_bits", "two_hop_weight_gather", "hpz_size", "quantization_block_size"),
+    "reduce": ("quantized_gradients", "gradient_bits_intra_node", "gradient_bits_inter_node", "gradient_grid_inter_node",
+               "gradient_chunks", "gradient_hadamard", "gradient_error_feedback", "gradient_stochastic_rounding"),
+    "schedule": ("late_bits_from_step", "late_weight_bits", "late_gradient_bits_inter_node"),
+    "engine": ("prefetch", "reshard_root_after_forward", "sync_module_states", "activation_checkpointing",
+               "shard_alignment", "compile_quantization", "debug_collective_order"),
+}
+"""The config's fields by what they configure (the README's options table follows it)."""
+
+
 @dataclass(frozen=True)
 class ZeroConfig:
     """How a model is sharded and communicated. Every field has a safe default."""
 
+    # --- Precision: what computes and what travels.
     compute_dtype: str = "fp32"
     """Dtype of gathered weights and of forward/backward compute ("fp32", "bf16", "fp16")."""
     reduce_dtype: str | None = None
     """Dtype gradients are communicated in; None means the compute dtype."""
-    prefetch: bool = True
-    """Gather the next unit asynchronously while the current one computes."""
-    reshard_root_after_forward: bool = False
-    """Free the root unit after forward; False keeps it for backward, which needs it first."""
-    sync_module_states: bool = True
-    """Broadcast rank 0's initial weights so every rank starts from the same model."""
-    activation_checkpointing: bool = False
-    """Recompute each unit's activations in backward instead of storing them."""
-    shard_alignment: int = 1
-    """Each rank's shard length is a multiple of this many elements."""
+
+    # --- Weight gather (docs/design.md section 4): plain, qwZ, two-hop, with or without hpZ.
     quantized_weights: bool = False
     """qwZ: the weight all-gather carries block-quantized codes plus fp32 scales."""
     weight_bits: int = 8
     """Bits per weight value in the qwZ gather (8 as in ZeRO++, 4, or 12)."""
-    hierarchical_weight_gather: bool = False
+    two_hop_weight_gather: bool = False
     """Gather weights in two hops: this node's shards exact inside the node, only the other
     nodes' shards across nodes (quantized with qwZ). Each node link carries W - D shards
     instead of the ring's W - 1; the backward hpZ copy is then kept in the compute dtype."""
-    quantization_block_size: int = 256
-    """Values per quantization block (one fp32 scale each), for weights and gradients."""
     hpz_size: int = 1
     """hpZ: ranks per secondary partition group (1 disables; must divide the ranks per node)."""
+    quantization_block_size: int = 256
+    """Values per quantization block (one fp32 scale each), for weights and gradients."""
+
+    # --- Gradient reduction (docs/design.md section 5): plain or qgZ and its options.
     quantized_gradients: bool = False
     """qgZ: reduce-scatter gradients by a two-hop quantized all-to-all."""
     gradient_bits_intra_node: int = 4
@@ -76,6 +83,8 @@ class ZeroConfig:
     """qgZ: carry each rank's inter-node quantization error into its next step (LoCo-style)."""
     gradient_stochastic_rounding: bool = False
     """qgZ: round gradient codes stochastically (unbiased) instead of to nearest."""
+
+    # --- Schedule: settings that change at a training step.
     late_bits_from_step: int = 0
     """From this training step on use ``late_weight_bits`` and ``late_gradient_bits_inter_node``
     (0: never). INT4 gradients slow the early, fast-falling phase of training and INT8
@@ -86,6 +95,18 @@ class ZeroConfig:
     """qwZ bits per weight from ``late_bits_from_step`` on."""
     late_gradient_bits_inter_node: int = 4
     """qgZ inter-node bits from ``late_bits_from_step`` on."""
+
+    # --- Engine: overlap, memory, start-up and debugging.
+    prefetch: bool = True
+    """Gather the next unit asynchronously while the current one computes."""
+    reshard_root_after_forward: bool = False
+    """Free the root unit after forward; False keeps it for backward, which needs it first."""
+    sync_module_states: bool = True
+    """Broadcast rank 0's initial weights so every rank starts from the same model."""
+    activation_checkpointing: bool = False
+    """Recompute each unit's activations in backward instead of storing them."""
+    shard_alignment: int = 1
+    """Each rank's shard length is a multiple of this many elements."""
     compile_quantization: bool = False
     """Run the quantization kernel through torch.compile (fast; compiles once per shape)."""
     debug_collective_order: bool = False
@@ -119,6 +140,12 @@ class ZeroConfig:
         if self.gradient_grid_inter_node == "log" and self.gradient_stochastic_rounding:
             raise ValueError("gradient_stochastic_rounding works on the uniform grid only; "
                              "turn it off or set gradient_grid_inter_node='uniform'")
+
+    def group(self, name: str) -> dict[str, object]:
+        """The fields of one group of :data:`FIELD_GROUPS` and their values."""
+        if name not in FIELD_GROUPS:
+            raise ValueError(f"unknown config group {name!r}; allowed values: {list(FIELD_GROUPS)}")
+        return {field_name: getattr(self, field_name) for field_name in FIELD_GROUPS[name]}
 
     def at_step(self, step: int) -> "ZeroConfig":
         """The settings in force at training step ``step``: the late bits once it reaches

@@ -1,6 +1,6 @@
 """The data-parallel world as N nodes x D ranks per node, and its process groups.
 
-Rank ``r = n * D + d`` lives on node ``n`` with local index ``d`` (DESIGN.md section 1).
+Rank ``r = n * D + d`` lives on node ``n`` with local index ``d`` (docs/design.md section 1).
 The node size is a property of this object, not of the machine, so four processes on one
 machine can act as two nodes of two ranks each.
 """

@@ -20,7 +20,6 @@ share of compute that prefetching and asynchronous reduction hide communication 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,8 +27,10 @@ import torch
 from zeropp.accounting import FlatSummary, predicted_step_bytes
 from zeropp.config import ZeroConfig, standard_variants
 from zeropp.models import GPT, Block, GPTConfig
-from zeropp.sharding import plan_units
-from zeropp.sharding.flat_param import shard_numel_for
+from zeropp.gather import select_weight_gather
+from zeropp.reduce import select_gradient_reduction
+from zeropp.sharding import ParamInfo, plan_units
+from zeropp.sharding.flat_param import make_slots, shard_numel_for
 from zeropp.topology import Layout
 
 
@@ -68,11 +69,11 @@ def synthetic_work(num_layers: int, hidden: int, vocab: int, tokens_per_rank: in
 
 
 def _extent(sizes: tuple[int, ...], alignment: int) -> int:
-    """Length of a flat buffer whose parameters start on multiples of ``alignment``."""
-    end = 0
-    for size in sizes:
-        end = math.ceil(end / alignment) * alignment + size
-    return end
+    """Length of a flat buffer of parameters of these sizes, placed as the engine places them."""
+    with torch.device("meta"):
+        params = [ParamInfo(torch.nn.Parameter(torch.empty(size)), [], []) for size in sizes]
+    last = make_slots(params, alignment)[-1]
+    return last.offset + last.numel
 
 
 def predict(work: Work, cluster: Cluster, config: ZeroConfig) -> dict:
@@ -87,11 +88,9 @@ def predict(work: Work, cluster: Cluster, config: ZeroConfig) -> dict:
         for rank in range(cluster.ranks_per_node)  # node 0's ranks: what its link carries in
     )
     # Latency: every collective is G - 1 exchanges (ring steps or all-to-all peers).
-    world = layout.world_size
-    primary_steps = (2 * (cluster.ranks_per_node - 1) + cluster.num_nodes - 1
-                     if config.hierarchical_weight_gather else world - 1)
-    gather_steps = primary_steps + (config.hpz_size - 1 if config.hpz_size > 1 else primary_steps)
-    reduce_steps = (cluster.ranks_per_node - 1) + (cluster.num_nodes - 1) if config.quantized_gradients else world - 1
+    gather = select_weight_gather(config)
+    gather_steps = gather.collective_steps(layout, "forward_gather") + gather.collective_steps(layout, "backward_gather")
+    reduce_steps = select_gradient_reduction(config).collective_steps(layout)
     compute = 6 * work.num_parameters * work.tokens_per_rank / work.flops_per_s
     link = inbound / cluster.inter_node_bytes_per_s + len(work.flats) * (gather_steps + reduce_steps) * cluster.latency_s
     exposed = max(0.0, link - work.overlap * compute) + link / (len(work.flats) + 1)

@@ -4,7 +4,7 @@ and failure reporting.
 Reduce-scatter is built from ``all_to_all_single`` plus a local fp32 sum: gloo's
 ``reduce_scatter_tensor`` is an all-reduce in disguise (about twice the bytes), and
 ``ReduceOp.AVG`` has been reported to sum on gloo, so we divide by the group size ourselves
-(DESIGN.md section 2).
+(docs/design.md section 5.1).
 """
 
 from __future__ import annotations

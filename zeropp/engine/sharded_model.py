@@ -1,6 +1,6 @@
 """ShardedModel: ZeRO-3 over any ``nn.Module``.
 
-Lifecycle of a unit in one training step (see DESIGN.md section 2)::
+Lifecycle of a unit in one training step (docs/design.md section 2)::
 
     forward pre-hook   gather (or wait for the prefetch), install views, prefetch the next
     forward post-hook  free, and hook the outputs so backward can gather again
@@ -17,16 +17,18 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..accounting import CommLog, FlatSummary, predicted_step_bytes
+from ..accounting import CommLog
 from ..collectives import Communicator
 from ..config import ZeroConfig
+from ..gather import select_weight_gather
+from ..reduce import select_gradient_reduction
 from ..sharding import FlatParam, ShardState, plan_units
 from ..sharding.flat_param import flatten_params, make_slots, shard_numel_for
 from ..topology import Topology
-from .grad_reduce import GradientReducer
+from . import metrics
+from .nonfinite import NonfiniteTracker
 from .schedule import ExecutionOrder
 from .unit import Unit
-from .weight_gather import WeightGather
 
 
 class ShardedModel(nn.Module):
@@ -51,15 +53,15 @@ class ShardedModel(nn.Module):
         self.comm_log = CommLog(topology.layout, topology.rank)
         self._comm = Communicator(self.comm_log, check_order=self.config.debug_collective_order)
         self._world = topology.group("world")
-        self._active_config = self.config.at_step(0)  # what ``set_training_step`` last applied
-        self._weights = WeightGather(self._active_config, topology, self._comm)
-        self._gradients = GradientReducer(self._active_config, topology, self._comm)
+        self.active_config = self.config.at_step(0)  # what ``set_training_step`` last applied
+        self.weight_gather = select_weight_gather(self.active_config, topology, self._comm)
+        self.gradient_reduction = select_gradient_reduction(self.active_config, topology, self._comm)
         self.units = self._build_units(tuple(unit_classes))
         self._forward_order = ExecutionOrder()
         self._backward_order = ExecutionOrder()
         self._in_backward = False
         self._pending_reductions: list = []
-        self._gradient_sums: list[tuple[str, torch.Tensor]] = []  # (unit, sum of its local gradient)
+        self._nonfinite = NonfiniteTracker()
         if self.config.sync_module_states:
             self._broadcast_buffers()
         self._register_hooks()
@@ -125,46 +127,39 @@ class ShardedModel(nn.Module):
 
     def predicted_step_bytes(self) -> dict[str, dict[str, int]]:
         """The analytic bytes this rank receives per step, per phase, intra and inter node."""
-        flats = [
-            FlatSummary(unit.is_root, flat.requires_grad, flat.shard_numel)
-            for unit in self.units
-            for flat in unit.flats
-        ]
-        backend = torch.distributed.get_backend()
-        return predicted_step_bytes(flats, self.topology.layout, self._active_config, self.topology.rank, backend)
+        return metrics.predicted_bytes(self)
+
+    def weight_quantization_error(self) -> float | None:
+        """Relative L2 error of the gathered weights against the fp32 masters (collective);
+        None when nothing is quantized."""
+        return metrics.weight_quantization_error(self)
 
     def set_training_step(self, step: int) -> None:
         """Apply the settings in force at training step ``step`` (``late_bits_from_step``);
         call it before the step's forward."""
         active = self.config.at_step(step)
-        if active == self._active_config:
+        if active == self.active_config:
             return
         for unit in self.units:
             self._free(unit)
-        for flat in self.flat_params():  # packed in the old format, frozen ones included
-            flat.packed_shard = None
-            flat.secondary = None
-        self._active_config = active
-        self._weights.use_formats(active)
-        self._gradients.use_formats(active)
+        for flat in self.flat_params():  # the new strategies start with no copies
+            flat.state = ShardState.SHARDED
+        self.active_config = active
+        self.weight_gather = select_weight_gather(active, self.topology, self._comm)
+        previous, self.gradient_reduction = self.gradient_reduction, select_gradient_reduction(
+            active, self.topology, self._comm)
+        self.gradient_reduction.carry_state_from(previous)
 
     def on_weights_changed(self) -> None:
         """Call after the master shards changed: drop stale gathered copies, refresh the
-        compute-dtype shards."""
+        compute-dtype shards. Frozen parameters never change, so they keep theirs."""
         for unit in self.units:
             self._free(unit)
         for flat in self.flat_params():
-            flat.invalidate_copies()
-
-    @torch.no_grad()
-    def weight_quantization_error(self) -> float | None:
-        """Relative L2 error of the qwZ-gathered weights against the fp32 masters, over the
-        whole model (collective); None when qwZ is off."""
-        if not self.config.quantized_weights:
-            return None
-        sums = torch.tensor(self._weights.quantization_error_sums(self.flat_params()), dtype=torch.float64)
-        self._comm.all_reduce_sum(sums, self._world, "metrics")
-        return (sums[0] / sums[1]).sqrt().item()
+            if flat.requires_grad:
+                flat.refresh_compute_shard()
+                self.weight_gather.invalidate(flat)
+                flat.state = self._resting_state(flat)
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -184,14 +179,14 @@ class ShardedModel(nn.Module):
 
     def _start_gather(self, unit: Unit) -> None:
         for flat in unit.flats:
-            if flat.state is ShardState.SHARDED:
+            if flat.state in (ShardState.SHARDED, ShardState.SECONDARY):
                 flat.allocate_full()
-                flat.pending_gather = self._weights.start(flat, self._phase())
+                flat.pending_gather = self.weight_gather.start(flat, self._phase())
                 flat.state = ShardState.GATHERING
 
     def _finish_gather(self, flat: FlatParam) -> None:
         if flat.state is ShardState.GATHERING:
-            self._weights.finish(flat, flat.pending_gather)
+            self.weight_gather.finish(flat, flat.pending_gather)
             flat.pending_gather = None
             flat.state = ShardState.GATHERED
 
@@ -203,8 +198,11 @@ class ShardedModel(nn.Module):
     def _free(self, unit: Unit) -> None:
         for flat in unit.flats:
             self._finish_gather(flat)  # never free storage under a collective in flight
-            if flat.state is not ShardState.SHARDED:
-                flat.free_full()
+            if flat.state is ShardState.GATHERED:
+                flat.free_full(self._resting_state(flat))
+
+    def _resting_state(self, flat: FlatParam) -> ShardState:
+        return ShardState.SECONDARY if self.weight_gather.holds_copy(flat) else ShardState.SHARDED
 
     def _prefetch(self, order: ExecutionOrder, unit: Unit) -> None:
         if not self.config.prefetch:
@@ -247,22 +245,14 @@ class ShardedModel(nn.Module):
 
     def take_nonfinite_units(self) -> list[str]:
         """Units whose local gradient had NaN or inf since the last call."""
-        sums, self._gradient_sums = self._gradient_sums, []
-        if not sums:
-            return []
-        finite = torch.isfinite(torch.stack([total for _, total in sums])).tolist()
-        return [name for (name, _), ok in zip(sums, finite) if not ok]
+        return self._nonfinite.take()
 
     def _on_grad_ready(self, flat: FlatParam, full: torch.Tensor) -> None:
         grad = full.grad  # [padded_numel], compute dtype
         full.grad = None
-        # Kept to name the source of a NaN/inf before the reduction spreads it. A sum is
-        # non-finite exactly when some element is (fp32 accumulation of finite gradients does
-        # not overflow in practice), costs one pass instead of isfinite's several, and stays on
-        # the device: it is read once per step, in take_nonfinite_units.
-        self._gradient_sums.append((flat.name, grad.sum(dtype=torch.float32)))
-        self._pending_reductions.append((flat, self._gradients.start(grad, flat.name)))
-        flat.free_full()
+        self._nonfinite.observe(flat.name, grad)
+        self._pending_reductions.append((flat, self.gradient_reduction.start(grad, flat.name)))
+        flat.free_full(self._resting_state(flat))
         for _, pending in self._pending_reductions:  # in order: hops must match across ranks
             if not pending.progress():
                 break

@@ -25,7 +25,15 @@ from .units import ParamInfo, ParamUse
 
 
 class ShardState(Enum):
+    """Where a flat parameter's values are (docs/design.md section 3)::
+
+        SHARDED --start--> GATHERING --finish--> GATHERED --free--> SHARDED or SECONDARY
+        SECONDARY --start--> GATHERING (inside the hpZ group)
+        SECONDARY --optimizer step--> SHARDED
+    """
+
     SHARDED = auto()  # only the shard exists; full has no storage
+    SECONDARY = auto()  # as SHARDED, and hpZ keeps a part of the last gathered buffer in the node
     GATHERING = auto()  # an all-gather into full is in flight
     GATHERED = auto()  # full holds every rank's values
 
@@ -113,8 +121,6 @@ class FlatParam:
         self.full_data = self.full.data
         self.state = ShardState.SHARDED
         self.pending_gather = None
-        self.packed_shard: torch.Tensor | None = None  # qwZ: quantized master shard, uint8
-        self.secondary: torch.Tensor | None = None  # hpZ: this rank's part of the hpZ split
 
     def compute_shard(self) -> torch.Tensor:
         """What this rank contributes to the all-gather, [shard_numel] compute dtype."""
@@ -122,24 +128,21 @@ class FlatParam:
             return self.master.detach()
         return self._compute_shard
 
-    def invalidate_copies(self) -> None:
-        """The master shard changed: refresh the compute-dtype shard and drop the packed
-        and secondary copies. Frozen parameters never change, so they keep theirs."""
-        if not self.requires_grad:
-            return
+    def refresh_compute_shard(self) -> None:
+        """The master shard changed: bring the compute-dtype copy up to date."""
         if self._compute_shard is not None:
             self._compute_shard.copy_(self.master.detach())
-        self.packed_shard = None
-        self.secondary = None
 
     def allocate_full(self) -> None:
         nbytes = self.padded_numel * self.full.element_size()
         if self.full.untyped_storage().nbytes() != nbytes:
             self.full.untyped_storage().resize_(nbytes)
 
-    def free_full(self) -> None:
+    def free_full(self, state: ShardState = ShardState.SHARDED) -> None:
+        """Release the gathered buffer; ``state`` says whether a secondary copy remains."""
+        assert state in (ShardState.SHARDED, ShardState.SECONDARY)
         self.full.untyped_storage().resize_(0)
-        self.state = ShardState.SHARDED
+        self.state = state
         self.pending_gather = None
 
     def install_views(self) -> None:

@@ -100,8 +100,9 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
                       "tokens_per_s": tokens_per_step / step_times[-1], "comm": comm_table,
                       "step_s": step_times[-1], "exposed_comm_s": exposed[-1],
                       "skipped_steps": optimizer.skipped_steps}
-            if config.zero.quantized_weights:
-                record["weight_quantization_error"] = model.weight_quantization_error()
+            quantization_error = model.weight_quantization_error()
+            if quantization_error is not None:
+                record["weight_quantization_error"] = quantization_error
             if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
                 record["validation_loss"] = evaluate(model, corpus, config, rank, world_size)
             progress.set_postfix(loss=f"{loss:.3f}")

@@ -25,33 +25,43 @@ import torch
 
 from zeropp.accounting import CommLog
 from zeropp.collectives import Communicator
-from zeropp.collectives.quantized_reduce_scatter import HierarchicalReduceScatter, QgzOptions
 from zeropp.collectives.reference import reference_reduce_scatter_mean
 from zeropp.data import ByteCorpus, load_stdlib_corpus
 from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, GPTConfig
-from zeropp.quantization import BlockFormat
-from zeropp.topology import Topology
+from zeropp.config import ZeroConfig
+from zeropp.reduce import select_gradient_reduction
+from zeropp.topology import Layout, Topology
 
 BLOCK = 256
 METRICS = ("step", "cumulative", "adam")
+# Each scheme is a qgZ config (overrides of BASE); the selector builds its reduction, so a
+# scheme added to the library shows up here as one more row.
+BASE = dict(quantized_gradients=True, quantization_block_size=BLOCK, gradient_chunks=2)
 SCHEMES = {
-    "int4/int4 (ZeRO++)": dict(bits=(4, 4)),
-    "int4/int4 + hadamard32": dict(bits=(4, 4), hadamard=32),
-    "int4/int4 + stochastic": dict(bits=(4, 4), stochastic=True),
-    "int4/int4 + error feedback": dict(bits=(4, 4), feedback=True),
-    "int8/int4": dict(bits=(8, 4)),
-    "int8/int4 + stochastic": dict(bits=(8, 4), stochastic=True),
-    "int8/int4 + error feedback": dict(bits=(8, 4), feedback=True),
-    "int8/int4 + error feedback + stochastic": dict(bits=(8, 4), feedback=True, stochastic=True),
-    "int8/int4 + hadamard32 + error feedback": dict(bits=(8, 4), hadamard=32, feedback=True),
+    "int4/int4 (ZeRO++)": dict(),
+    "int4/int4 + hadamard32": dict(gradient_hadamard=32),
+    "int4/int4 + stochastic": dict(gradient_stochastic_rounding=True),
+    "int4/int4 + error feedback": dict(gradient_error_feedback=True),
+    "int8/int4": dict(gradient_bits_intra_node=8),
+    "int8/int4 + stochastic": dict(gradient_bits_intra_node=8, gradient_stochastic_rounding=True),
+    "int8/int4 + error feedback": dict(gradient_bits_intra_node=8, gradient_error_feedback=True),
+    "int8/int4 + error feedback + stochastic": dict(gradient_bits_intra_node=8, gradient_error_feedback=True,
+                                                    gradient_stochastic_rounding=True),
+    "int8/int4 + hadamard32 + error feedback": dict(gradient_bits_intra_node=8, gradient_hadamard=32,
+                                                    gradient_error_feedback=True),
     # 4 bits across nodes on powers of two (``gradient_grid_inter_node="log"``).
-    "int4/log4": dict(bits=(4, 4), grid="log"),
-    "int8/log4": dict(bits=(8, 4), grid="log"),
-    "int8/log4 + error feedback": dict(bits=(8, 4), grid="log", feedback=True),
+    "int4/log4": dict(gradient_grid_inter_node="log"),
+    "int8/log4": dict(gradient_bits_intra_node=8, gradient_grid_inter_node="log"),
+    "int8/log4 + error feedback": dict(gradient_bits_intra_node=8, gradient_grid_inter_node="log",
+                                       gradient_error_feedback=True),
     # Twice the inter-node gradient bytes: how close 8 bits across nodes would come.
-    "int8/int8": dict(bits=(8, 8)),
+    "int8/int8": dict(gradient_bits_intra_node=8, gradient_bits_inter_node=8),
 }
+
+
+def scheme_config(name: str) -> ZeroConfig:
+    return ZeroConfig(**{**BASE, **SCHEMES[name]})
 
 
 def _gradients(rank: int, world_size: int, steps: int) -> list[torch.Tensor]:
@@ -74,11 +84,6 @@ def _gradients(rank: int, world_size: int, steps: int) -> list[torch.Tensor]:
         multiple = world_size * BLOCK * 2
         flats.append(torch.nn.functional.pad(flat, (0, -flat.numel() % multiple)))
     return flats
-
-
-def _formats(scheme: dict) -> tuple[BlockFormat, BlockFormat]:
-    intra, inter = scheme["bits"]
-    return BlockFormat(intra, BLOCK), BlockFormat(inter, BLOCK, scheme.get("grid", "uniform"))
 
 
 class _AdamUpdates:
@@ -106,16 +111,12 @@ def _measure(rank: int, world_size: int, steps: int) -> dict:
     gradients = _gradients(rank, world_size, steps)
     exact = [reference_reduce_scatter_mean(g, topology.group("world"), rank) for g in gradients]
     results = {}
-    for name, scheme in SCHEMES.items():
-        generator = torch.Generator().manual_seed(rank + 1) if scheme.get("stochastic") else None
-        options = QgzOptions(_formats(scheme), 2, hadamard_size=scheme.get("hadamard", 0))
-        residuals = [None, None] if scheme.get("feedback") else None
+    for name in SCHEMES:
+        reduction = select_gradient_reduction(scheme_config(name), topology, communicator)
         step_errors, error_sum, exact_sum = [], torch.zeros_like(exact[0]), torch.zeros_like(exact[0])
         adam, exact_adam = _AdamUpdates(exact[0]), _AdamUpdates(exact[0])
         for gradient, truth in zip(gradients, exact):
-            result = HierarchicalReduceScatter(
-                gradient, topology, communicator, options, "grad", residuals, generator
-            ).wait()
+            result = reduction.start(gradient, "grad").wait()
             step_errors.append(((result - truth).norm() / truth.norm()).item())
             error_sum += result - truth
             exact_sum += truth
@@ -138,8 +139,15 @@ def run(steps: int = 32) -> dict:
     for name, row in merged.items():
         for key in METRICS:
             row[f"{key}_vs_zeropp"] = baseline[key] / row[key]
-        row["inter_node_bytes_per_value"] = _formats(SCHEMES[name])[1].packed_nbytes(BLOCK) / BLOCK
+        row["inter_node_bytes_per_value"] = _inter_node_bytes_per_value(scheme_config(name))
     return {"layout": "2x2", "block_size": BLOCK, "steps": steps, "schemes": merged}
+
+
+def _inter_node_bytes_per_value(config: ZeroConfig) -> float:
+    """What one rank of 2 nodes x 2 receives across nodes per gradient value it reduces."""
+    shard = 64 * BLOCK
+    received = select_gradient_reduction(config).predicted_bytes(shard, Layout(4, 2), rank=0)
+    return received.inter_node / shard
 
 
 def main(args) -> int:

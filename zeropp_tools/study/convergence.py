@@ -29,7 +29,7 @@ BASELINE = "zero3"
 ZERO_PP_NAME = "zero++ (int8 w, int4/int4 g)"
 LOG_GRID_NAME = "ours + log grid (int12 w, int8/log4 g)"
 WORLD_SIZE = 4  # as 2 nodes x 2 ranks
-TWO_HOP = dict(ZERO_PP, hierarchical_weight_gather=True, gradient_bits_intra_node=8)
+TWO_HOP = dict(ZERO_PP, two_hop_weight_gather=True, gradient_bits_intra_node=8)
 
 
 def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]:

@@ -31,7 +31,7 @@ def expected_full(flat, topology, config) -> torch.Tensor:
 def gather_against_reference(rank, world_size, ranks_per_node, options):
     topology = Topology.from_environment(ranks_per_node=ranks_per_node)
     torch.manual_seed(0)
-    config = ZeroConfig(hierarchical_weight_gather=True, quantization_block_size=BLOCK, **options)
+    config = ZeroConfig(two_hop_weight_gather=True, quantization_block_size=BLOCK, **options)
     model = ShardedModel(GPT(GPTConfig.preset("tiny")), topology, config, unit_classes=(Block,))
     mismatches = []
     for unit in model.units:
@@ -84,9 +84,9 @@ def train_losses(rank, world_size, configs):
 def test_unquantized_hierarchical_gather_trains_exactly_like_zero3_and_matches_the_accounting():
     configs = [
         ZeroConfig(),
-        ZeroConfig(hierarchical_weight_gather=True),
-        ZeroConfig(hierarchical_weight_gather=True, hpz_size=2),
-        ZeroConfig(hierarchical_weight_gather=True, quantized_weights=True, hpz_size=2, quantized_gradients=True,
+        ZeroConfig(two_hop_weight_gather=True),
+        ZeroConfig(two_hop_weight_gather=True, hpz_size=2),
+        ZeroConfig(two_hop_weight_gather=True, quantized_weights=True, hpz_size=2, quantized_gradients=True,
                    gradient_bits_intra_node=8, gradient_bits_inter_node=8, quantization_block_size=BLOCK),
         ZeroConfig(quantized_weights=True, hpz_size=2, quantized_gradients=True, quantization_block_size=BLOCK),
     ]
@@ -130,7 +130,7 @@ def bytes_per_step(rank, world_size, config):
 
 
 def test_late_bits_switch_formats_at_the_given_step():
-    config = ZeroConfig(quantized_weights=True, hpz_size=2, quantized_gradients=True, hierarchical_weight_gather=True,
+    config = ZeroConfig(quantized_weights=True, hpz_size=2, quantized_gradients=True, two_hop_weight_gather=True,
                         gradient_bits_intra_node=8, gradient_bits_inter_node=8, quantization_block_size=BLOCK,
                         late_bits_from_step=2, late_weight_bits=12, late_gradient_bits_inter_node=4)
     assert config.at_step(1) == config

@@ -1,0 +1,26 @@
+"""Figures about a wrapped model that training loops and benchmarks report: the bytes a
+step should move, and how far the quantized weights are from the masters."""
+
+from __future__ import annotations
+
+import torch
+
+from ..accounting import FlatSummary, predicted_step_bytes
+
+
+def predicted_bytes(model) -> dict[str, dict[str, int]]:
+    """The analytic bytes ``model``'s rank receives per step, per phase, intra and inter node."""
+    flats = [FlatSummary(unit.is_root, flat.requires_grad, flat.shard_numel) for unit in model.units for flat in unit.flats]
+    backend = torch.distributed.get_backend()
+    return predicted_step_bytes(flats, model.topology.layout, model.active_config, model.topology.rank, backend)
+
+
+@torch.no_grad()
+def weight_quantization_error(model) -> float | None:
+    """Relative L2 error of the gathered weights against the fp32 masters over the whole
+    model (collective); None when the gather quantizes nothing."""
+    if not model.active_config.quantized_weights:
+        return None
+    sums = torch.tensor(model.weight_gather.quantization_error_sums(model.flat_params()), dtype=torch.float64)
+    model.communicator.all_reduce_sum(sums, model.topology.group("world"), "metrics")
+    return (sums[0] / sums[1]).sqrt().item()

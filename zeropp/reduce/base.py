@@ -1,0 +1,44 @@
+"""What every gradient reduction provides (docs/design.md section 5).
+
+A reduction turns a unit's full local gradient [W * S] into this rank's mean shard [S]
+fp32, the layout a reduce-scatter gives. ``start`` returns a pending object whose
+``progress()`` launches what can be launched (reductions of several units overlap) and whose
+``wait()`` gives the shard. ``predicted_bytes`` is the analytic volume of one reduction.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..traffic import Traffic
+from ..config import ZeroConfig
+from ..topology import Layout
+
+if TYPE_CHECKING:
+    from ..collectives import Communicator
+    from ..topology import Topology
+
+
+class GradientReduction:
+    def __init__(self, config: ZeroConfig, topology: "Topology | None" = None,
+                 communicator: "Communicator | None" = None) -> None:
+        self.config = config
+        self.topology = topology
+        self.comm = communicator
+
+    def start(self, flat_grad: torch.Tensor, label: str = ""):
+        """``flat_grad`` [W * S] -> pending; ``pending.wait()`` is the mean shard [S] fp32."""
+        raise NotImplementedError
+
+    def carry_state_from(self, previous: "GradientReduction") -> None:
+        """Take over what ``previous`` kept between steps (the config switched mid-run)."""
+
+    def predicted_bytes(self, shard_numel: int, layout: Layout, rank: int, backend: str = "gloo") -> Traffic:
+        """Bytes ``rank`` receives for one reduction of a flat of ``shard_numel`` values per rank."""
+        raise NotImplementedError
+
+    def collective_steps(self, layout: Layout) -> int:
+        """Sequential exchanges per reduction, for the planner's latency term."""
+        raise NotImplementedError

@@ -1,0 +1,185 @@
+"""The ``zeropp`` argument parser: every subcommand, flag, choice and default."""
+
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import PackageNotFoundError, version
+
+from .logs import LOG_LEVELS
+from .train_flags import add_train_arguments
+from .values import MODEL_SIZES, PRECISIONS, positive_float, positive_int
+
+OVERVIEW = """\
+ZeRO-3 and ZeRO++ sharded data parallel training, benchmarks and studies.
+
+examples:
+  zeropp demo                   # ZeRO-3 vs ZeRO++ on 4 CPU ranks as 2 nodes x 2, about two minutes
+  zeropp train --model medium --steps 500 --precision bf16 --world-size 4 --ranks-per-node 2
+  zeropp train --qwz --hpz 2 --qgz --out runs/zeropp
+  torchrun --nproc-per-node 4 -m zeropp_tools.cli.main train ...   # join a torchrun world instead
+  zeropp COMMAND --help         # every flag of a command, with its default
+"""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the hand-wrapped examples of descriptions and appends each flag's default.
+    No default is shown for on/off flags (always off) or for None, whose meaning the help
+    text itself spells out ("default: the compute dtype")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def package_version() -> str:
+    try:
+        return version("zeropp")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zeropp", description=OVERVIEW, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}",
+                        help="print the installed zeropp version and exit")
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
+                        help="least severe log messages to show (DEBUG adds detail, WARNING keeps only problems)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_demo(commands)
+    add_train_arguments(_subcommand(
+        commands, "train", "train the example GPT with options",
+        "Train the built-in GPT on the built-in corpus with ZeRO-3 and any ZeRO++ optimization.",
+    ))
+    _add_export(commands)
+    _add_cluster(commands)
+    _add_plan(commands)
+    _add_study(commands)
+    _add_bench(commands)
+    return parser
+
+
+def _subcommand(commands, name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
+    return commands.add_parser(name, help=help_text, description=description or help_text,
+                               formatter_class=HelpFormatter)
+
+
+def _add_demo(commands) -> None:
+    demo = _subcommand(
+        commands, "demo", "train ZeRO-3 and ZeRO++ side by side on 4 CPU ranks (2 nodes x 2) and compare them",
+        "Train the built-in GPT on the built-in corpus twice, as ZeRO-3 and as ZeRO++ (qwZ INT8 weights,\n"
+        "hpZ over each 2-rank node, qgZ INT4 gradients), with the same seed and data on 4 CPU ranks acting\n"
+        "as 2 nodes x 2. Reports losses, cross-node bytes per step and tokens/s, and plots both.",
+    )
+    demo.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size of both runs")
+    demo.add_argument("--steps", type=positive_int, default=150, help="training steps of each run")
+    demo.add_argument("--batch-per-rank", type=positive_int, default=8, help="sequences per rank per step")
+    demo.add_argument("--seq-len", type=positive_int, default=128,
+                      help="tokens per sequence (at most the model's block size)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of weights and data, shared by both runs")
+    demo.add_argument("--out", default="runs/demo", help="folder for the plot and one subfolder of metrics per run")
+
+
+def _add_export(commands) -> None:
+    export = _subcommand(commands, "export", "write one consolidated safetensors file from a sharded checkpoint")
+    export.add_argument("checkpoint", help="a checkpoint folder, or a root whose 'latest' names one")
+    export.add_argument("output", help="path of the .safetensors file to write")
+
+
+def _add_cluster(commands) -> None:
+    cluster = _subcommand(
+        commands, "cluster", "run a zeropp command over emulated nodes with a shaped link",
+        "Run a zeropp command under torchrun on emulated nodes (network namespaces, needs root), e.g.\n"
+        "  zeropp cluster --nodes 2 --bandwidth 200 -- train --steps 20",
+    )
+    cluster.add_argument("--nodes", type=positive_int, default=2, help="emulated nodes")
+    cluster.add_argument("--ranks-per-node", type=positive_int, default=2, help="torchrun processes per node")
+    cluster.add_argument("--bandwidth", type=positive_float, default=None,
+                         help="Mbit/s of each node's link (default: unshaped)")
+    cluster.add_argument("--latency", type=float, default=0.0, help="one-way latency added per node link, ms")
+    cluster.add_argument("--timeout", type=positive_float, default=3600.0,
+                         help="seconds before the whole run is killed")
+    cluster.add_argument("arguments", nargs=argparse.REMAINDER, help="the zeropp command to run, after --")
+
+
+def _add_plan(commands) -> None:
+    plan = _subcommand(commands, "plan", "predict step time per ZeRO++ variant and recommend one")
+    plan.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size")
+    plan.add_argument("--tokens-per-rank", type=positive_int, default=256, help="tokens each rank processes per step")
+    plan.add_argument("--nodes", type=positive_int, default=2, help="nodes")
+    plan.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
+    plan.add_argument("--inter-node-mbit", type=positive_float, default=200.0, help="Mbit/s of each node's link")
+    plan.add_argument("--rank-gflops", type=positive_float, default=5.0,
+                      help="FLOP/s one rank achieves on the model, in G")
+    plan.add_argument("--paper", action="store_true", help="predict the ZeRO++ paper's settings instead")
+    plan.add_argument("--compare", metavar="THROUGHPUT_JSON", default=None,
+                      help="compare predictions with a `zeropp bench throughput` result file")
+
+
+def _add_study(commands) -> None:
+    study = _subcommand(commands, "study", "long studies")
+    study = study.add_subparsers(dest="study", required=True, metavar="STUDY")
+    convergence = _subcommand(study, "convergence", "loss under ZeRO-3 and compressed variants, 2 nodes x 2")
+    convergence.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size")
+    convergence.add_argument("--steps", type=positive_int, default=1500, help="training steps per run")
+    convergence.add_argument("--batch-per-rank", type=positive_int, default=8, help="sequences per rank per step")
+    convergence.add_argument("--seq-len", type=positive_int, default=128, help="tokens per sequence")
+    convergence.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate")
+    convergence.add_argument("--eval-every", type=positive_int, default=100, help="steps between validation losses")
+    convergence.add_argument("--eval-batches", type=positive_int, default=16, help="batches per validation loss")
+    convergence.add_argument("--seeds", default="0,1,2",
+                             help="comma-separated seeds; each runs ZeRO-3 and the main variants")
+    convergence.add_argument("--out", default="runs/convergence", help="folder for the runs, table and plot")
+    convergence.add_argument("--report-only", action="store_true", help="rebuild table and plot from finished runs")
+
+
+def _add_bench(commands) -> None:
+    bench = _subcommand(commands, "bench", "benchmarks and reports")
+    bench = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    comm = _subcommand(bench, "comm", "bytes per step of ZeRO-3 and ZeRO++ variants, measured and predicted")
+    comm.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size")
+    comm.add_argument("--layouts", default="2x2,2x4,4x2", help="comma-separated NODESxRANKS layouts")
+    comm.add_argument("--out", default="runs/bench/comm.json", help="JSON file for the report")
+    grad_error = _subcommand(bench, "grad-error", "qgZ schemes' error on real GPT gradients vs the exact mean")
+    grad_error.add_argument("--steps", type=positive_int, default=32,
+                            help="training steps whose gradients are measured")
+    grad_error.add_argument("--out", default="runs/bench/gradient_error.json", help="JSON file for the report")
+    _add_bench_throughput(bench)
+    quant = _subcommand(bench, "quant", "block quantization speed vs copy and error vs per-tensor scales")
+    quant.add_argument("--numel", type=positive_int, default=1 << 22, help="values quantized per timing")
+    quant.add_argument("--out", default="runs/bench/quant.json", help="JSON file for the report")
+
+
+def _add_bench_throughput(bench) -> None:
+    throughput = _subcommand(bench, "throughput", "tokens/s per variant and bandwidth on an emulated cluster")
+    throughput.add_argument("--nodes", type=positive_int, default=2, help="emulated nodes")
+    throughput.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
+    throughput.add_argument("--bandwidths", default="none,1000,200,50", help="Mbit/s per node link; none = unshaped")
+    throughput.add_argument("--variants", default="zero3,qwz,hpz,qgz,zero++,fsdp2,fsdp2-reshard-node,fsdp2-hsdp,"
+                            "deepspeed-zero3,deepspeed-zero++",
+                            help="comma-separated variants; the DeepSpeed ones need `make deepspeed-setup`")
+    throughput.add_argument("--model", default="medium", choices=MODEL_SIZES, help="GPT size")
+    throughput.add_argument("--steps", type=positive_int, default=10, help="training steps per measurement")
+    throughput.add_argument("--batch-per-rank", type=positive_int, default=4, help="sequences per rank per step")
+    throughput.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
+    throughput.add_argument("--precision", default="bf16", choices=PRECISIONS, help="compute dtype")
+    throughput.add_argument("--out", default="runs/bench/throughput", help="folder for JSON, markdown and plot")
+
+
+def explicitly_given(argv: list[str] | None) -> set[str]:
+    """Destinations of the flags the user actually typed, even when typed with their
+    default value: argv parsed again by a parser whose flag defaults are all suppressed,
+    so only typed flags appear in the namespace."""
+    parser = build_parser()
+    for action in _all_actions(parser):
+        if action.option_strings and not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def _all_actions(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                yield from _all_actions(subparser)
