@@ -66,3 +66,10 @@ def test_hadamard_keeps_the_true_mean(errors):
     # On these gradients rotation does not lower the error (it mixes the many near-zero
     # values with the large ones), but the result is still the mean within INT4 error.
     assert errors["int4/int4 + hadamard32"]["step"] < 0.2
+
+
+def test_bf16_scales_on_128_blocks_cost_the_same_bytes_and_err_less(errors):
+    zeropp = errors["int4/int4 (ZeRO++)"]
+    smaller_blocks = errors["int4/int4, 128 blocks, bf16 scales"]
+    assert smaller_blocks["inter_node_bytes_per_value"] == zeropp["inter_node_bytes_per_value"]
+    assert smaller_blocks["step"] < zeropp["step"], (smaller_blocks, zeropp)

@@ -27,11 +27,14 @@ def parse_dtype(field_name: str, value: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"{field_name}={value!r} is not supported; allowed values: {sorted(DTYPES)}")
 
 
+GRADIENT_SCALE_DTYPES = ("fp32", "bf16")
+
 FIELD_GROUPS: dict[str, tuple[str, ...]] = {
     "precision": ("compute_dtype", "reduce_dtype"),
     "gather": ("quantized_weights", "weight_bits", "two_hop_weight_gather", "hpz_size", "quantization_block_size"),
     "reduce": ("quantized_gradients", "gradient_bits_intra_node", "gradient_bits_inter_node", "gradient_grid_inter_node",
-               "gradient_chunks", "gradient_hadamard", "gradient_error_feedback", "gradient_stochastic_rounding"),
+               "gradient_chunks", "gradient_hadamard", "gradient_error_feedback", "gradient_stochastic_rounding",
+               "gradient_scale_dtype"),
     "schedule": ("late_bits_from_step", "late_weight_bits", "late_gradient_bits_inter_node"),
     "engine": ("prefetch", "reshard_root_after_forward", "sync_module_states", "activation_checkpointing",
                "shard_alignment", "compile_quantization", "debug_collective_order"),
@@ -83,6 +86,9 @@ class ZeroConfig:
     """qgZ: carry each rank's inter-node quantization error into its next step (LoCo-style)."""
     gradient_stochastic_rounding: bool = False
     """qgZ: round gradient codes stochastically (unbiased) instead of to nearest."""
+    gradient_scale_dtype: str = "fp32"
+    """qgZ: dtype of each block's scale on the wire, ``"fp32"`` or ``"bf16"`` (2 bytes, so
+    128-value blocks cost what 256-value blocks cost with fp32 scales)."""
 
     # --- Schedule: settings that change at a training step.
     late_bits_from_step: int = 0
@@ -137,6 +143,9 @@ class ZeroConfig:
                 BlockFormat(getattr(self, name), self.quantization_block_size, grid)
             except ValueError as error:
                 raise ValueError(f"{name}: {error}") from None
+        if self.gradient_scale_dtype not in GRADIENT_SCALE_DTYPES:
+            raise ValueError(f"gradient_scale_dtype={self.gradient_scale_dtype!r} is not supported; "
+                             f"allowed values: {list(GRADIENT_SCALE_DTYPES)}")
         if self.gradient_grid_inter_node == "log" and self.gradient_stochastic_rounding:
             raise ValueError("gradient_stochastic_rounding works on the uniform grid only; "
                              "turn it off or set gradient_grid_inter_node='uniform'")

@@ -55,6 +55,10 @@ SCHEMES = {
     "int8/log4": dict(gradient_bits_intra_node=8, gradient_grid_inter_node="log"),
     "int8/log4 + error feedback": dict(gradient_bits_intra_node=8, gradient_grid_inter_node="log",
                                        gradient_error_feedback=True),
+    # bf16 scales on 128-value blocks: the bytes of 256-value blocks with fp32 scales.
+    "int4/int4, 128 blocks, bf16 scales": dict(quantization_block_size=128, gradient_scale_dtype="bf16"),
+    "int8/log4, 128 blocks, bf16 scales": dict(gradient_bits_intra_node=8, gradient_grid_inter_node="log",
+                                               quantization_block_size=128, gradient_scale_dtype="bf16"),
     # Twice the inter-node gradient bytes: how close 8 bits across nodes would come.
     "int8/int8": dict(gradient_bits_intra_node=8, gradient_bits_inter_node=8),
 }
