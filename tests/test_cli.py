@@ -151,10 +151,6 @@ def test_explicitly_given_sees_flags_typed_with_their_default_value():
     assert "precision" not in explicitly_given(["train", "--steps", "3"])
 
 
-def test_old_hierarchical_gather_flag_still_sets_the_two_hop_gather():
-    assert build_parser().parse_args(["train", "--hierarchical-gather"]).two_hop_gather is True
-
-
 def test_failed_validation_leaves_no_output_folder(tmp_path, capsys):
     out = tmp_path / "runs" / "tiny"
     assert main(["train", "--model", "tiny", "--seq-len", "128", "--out", str(out)]) == 2

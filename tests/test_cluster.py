@@ -7,7 +7,7 @@ import pytest
 
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.cluster.emulated import payload_bytes, probe_emulation
-from zeropp_tools.cluster.launch import run_on_cluster
+from zeropp_tools.cluster.runner import run_on_cluster
 
 MISSING = probe_emulation()  # what this machine lacks to emulate a cluster; None: nothing
 TRAIN = ["train", "--model", "small", "--steps", "3", "--batch-per-rank", "2", "--seq-len", "32"]

@@ -4,22 +4,22 @@ import json
 from pathlib import Path
 
 from zeropp.config import ZeroConfig
-from zeropp_tools.plan import Cluster, compare, gpt_work, paper_predictions, predict, recommend
+from zeropp_tools.plan import ClusterModel, compare, gpt_work, paper_predictions, predict, recommend
 
 
 def test_planner_bytes_equal_the_measured_volume():
     # benchmarks/results/comm.json: node 0's measured inbound bytes per step, GPT small with
     # 64 positions, 2x2, bf16.
     measured = json.loads((Path(__file__).parents[1] / "benchmarks/results/comm.json").read_text())
-    _, predictions = recommend(gpt_work("small", 256, 5e9, block_size=64), Cluster(2, 2, 25e6))
+    _, predictions = recommend(gpt_work("small", 256, 5e9, block_size=64), ClusterModel(2, 2, 25e6))
     for variant, prediction in predictions.items():
         assert prediction["inter_node_bytes_per_step"] == measured["layouts"]["2x2"][variant]["measured"]["inter_node"]
 
 
 def test_slow_links_favour_zeropp_and_fast_links_close_the_gap():
     work = gpt_work("small", 256, 5e9)
-    slow_best, slow = recommend(work, Cluster(2, 2, 50e6 / 8))
-    _, fast = recommend(work, Cluster(2, 2, 100e9 / 8))
+    slow_best, slow = recommend(work, ClusterModel(2, 2, 50e6 / 8))
+    _, fast = recommend(work, ClusterModel(2, 2, 100e9 / 8))
     assert slow_best == "zero++"
     assert slow["zero++"]["step_s"] < 0.5 * slow["zero3"]["step_s"]
     assert fast["zero++"]["step_s"] > 0.9 * fast["zero3"]["step_s"]
@@ -45,7 +45,7 @@ def test_comparison_calibrates_compute_on_the_unshaped_run_and_adds_the_link():
     fast, slow = rows
     assert abs(fast["predicted_step_s"] - 0.2) < 0.01 * 0.2  # a link this fast adds nothing
     bf16 = ZeroConfig(compute_dtype="bf16", reduce_dtype="bf16")
-    bytes_per_step = predict(gpt_work("tiny", 256, 1.0), Cluster(2, 2, 1e6 / 8), bf16)["inter_node_bytes_per_step"]
+    bytes_per_step = predict(gpt_work("tiny", 256, 1.0), ClusterModel(2, 2, 1e6 / 8), bf16)["inter_node_bytes_per_step"]
     assert slow["predicted_step_s"] > bytes_per_step / (1e6 / 8)  # a slow link dominates
     assert abs(slow["error_percent"] - (slow["predicted_step_s"] - 100.0) / 100.0 * 100) < 1e-9
 

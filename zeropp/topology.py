@@ -118,12 +118,8 @@ class Topology:
         secondary partition (hpZ). Collective on first use for a size: every rank must ask."""
         name = f"hpz_{hpz_size}"
         if name not in self._groups:
-            if hpz_size < 1 or self.ranks_per_node % hpz_size != 0:
-                allowed = [h for h in range(1, self.ranks_per_node + 1) if self.ranks_per_node % h == 0]
-                raise ValueError(
-                    f"hpz_size={hpz_size} must divide the ranks per node ({self.ranks_per_node}); "
-                    f"allowed values: {allowed}"
-                )
+            # ZeroConfig.check_layout told the user already; here it is an invariant.
+            assert hpz_size >= 1 and self.ranks_per_node % hpz_size == 0, (hpz_size, self.ranks_per_node)
             for first in range(0, self.world_size, hpz_size):
                 ranks = list(range(first, first + hpz_size))
                 handle = dist.new_group(ranks, timeout=self._timeout) if hpz_size > 1 else None

@@ -20,6 +20,7 @@ share of compute that prefetching and asynchronous reduction hide communication 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, replace
 
 import torch
@@ -33,9 +34,14 @@ from zeropp.sharding import ParamInfo, plan_units
 from zeropp.sharding.flat_param import make_slots, shard_numel_for
 from zeropp.topology import Layout
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
-class Cluster:
+class ClusterModel:
+    """A cluster as the planner models it: node count, size and link (the emulated one is
+    zeropp_tools.cluster)."""
+
     num_nodes: int
     ranks_per_node: int
     inter_node_bytes_per_s: float  # one node's link, each direction
@@ -76,7 +82,7 @@ def _extent(sizes: tuple[int, ...], alignment: int) -> int:
     return last.offset + last.numel
 
 
-def predict(work: Work, cluster: Cluster, config: ZeroConfig) -> dict:
+def predict(work: Work, cluster: ClusterModel, config: ZeroConfig) -> dict:
     layout = Layout(cluster.num_nodes * cluster.ranks_per_node, cluster.ranks_per_node)
     summaries = [
         FlatSummary(is_root, grad, shard_numel_for(
@@ -99,7 +105,7 @@ def predict(work: Work, cluster: Cluster, config: ZeroConfig) -> dict:
             "inter_node_bytes_per_step": inbound, "tokens_per_s": work.tokens_per_rank * layout.world_size / step}
 
 
-def recommend(work: Work, cluster: Cluster) -> tuple[str, dict]:
+def recommend(work: Work, cluster: ClusterModel) -> tuple[str, dict]:
     """The fastest variant for this work and cluster, with every variant's prediction."""
     predictions = {name: predict(work, cluster, config) for name, config in standard_variants(cluster.ranks_per_node).items()}
     return min(predictions, key=lambda name: predictions[name]["step_s"]), predictions
@@ -114,7 +120,7 @@ def paper_predictions(flops_per_s: float = 45e12) -> dict:
     TFLOPs per GPU)."""
     result = {}
     for gbit in (100, 400):
-        cluster = Cluster(24, 16, gbit * 1e9 / 8, latency_s=5e-6, backend="nccl")
+        cluster = ClusterModel(24, 16, gbit * 1e9 / 8, latency_s=5e-6, backend="nccl")
         for name, (layers, hidden) in PAPER_MODELS.items():
             work = synthetic_work(layers, hidden, 50_000, 1024, flops_per_s)
             best, predictions = recommend(work, cluster)
@@ -138,7 +144,7 @@ def compare(report: dict) -> list[dict]:
     for bandwidth, results in report["results"].items():
         if bandwidth == "none":
             continue
-        cluster = Cluster(nodes, ranks_per_node, float(bandwidth) * 1e6 / 8)
+        cluster = ClusterModel(nodes, ranks_per_node, float(bandwidth) * 1e6 / 8)
         for name, config in standard_variants(ranks_per_node).items():
             if "median_step_s" not in results.get(name, {}) or "median_step_s" not in unshaped.get(name, {}):
                 continue
@@ -169,20 +175,20 @@ def main(args) -> int:
             rows = compare(json.load(file))
         if not rows:
             raise ValueError(f"--compare: {args.compare} has no variant measured both unshaped and shaped")
-        print(comparison_markdown(rows))
+        logger.info(comparison_markdown(rows))
         return 0
     if args.paper:
         report = paper_predictions()
         for setting, row in report.items():
             cells = ", ".join(f"{v} {t:.1f}" for v, t in row["tflops_per_gpu"].items())
-            print(f"{setting}: predicted TFLOPs/GPU {cells}; recommended: {row['recommended']}")
+            logger.info(f"{setting}: predicted TFLOPs/GPU {cells}; recommended: {row['recommended']}")
         return 0
     work = gpt_work(args.model, args.tokens_per_rank, args.rank_gflops * 1e9)
-    cluster = Cluster(args.nodes, args.ranks_per_node, args.inter_node_mbit * 1e6 / 8)
+    cluster = ClusterModel(args.nodes, args.ranks_per_node, args.inter_node_mbit * 1e6 / 8)
     best, predictions = recommend(work, cluster)
     for name, p in predictions.items():
-        print(f"{name:<8} step {p['step_s'] * 1e3:8.1f} ms  compute {p['compute_s'] * 1e3:7.1f} ms  "
+        logger.info(f"{name:<8} step {p['step_s'] * 1e3:8.1f} ms  compute {p['compute_s'] * 1e3:7.1f} ms  "
               f"link {p['link_s'] * 1e3:7.1f} ms  {p['tokens_per_s']:9,.0f} tokens/s")
-    print(f"recommended: {best}")
-    print(json.dumps({"recommended": best, "predictions": predictions}))
+    logger.info(f"recommended: {best}")
+    logger.info(json.dumps({"recommended": best, "predictions": predictions}))
     return 0

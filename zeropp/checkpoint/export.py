@@ -14,7 +14,7 @@ import struct
 from pathlib import Path
 
 from .format import read_metadata, resolve_checkpoint
-from .layout import RankFiles, read_positions
+from .resharding import RankFiles, read_positions
 
 
 def export_consolidated(checkpoint: str | Path, output: str | Path) -> Path:

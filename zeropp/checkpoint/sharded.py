@@ -32,7 +32,7 @@ from .format import (
     step_folder_name,
     write_atomically,
 )
-from .layout import RankFiles, assemble_shard, check_compatible, describe_flats
+from .resharding import RankFiles, assemble_shard, check_compatible, describe_flats
 
 
 @dataclass(frozen=True)

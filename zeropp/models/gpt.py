@@ -10,6 +10,14 @@ from torch import nn
 from torch.nn import functional as F
 
 
+GPT_PRESETS = {
+    "tiny": dict(num_layers=2, num_heads=2, embed_dim=64, block_size=64),
+    "small": dict(num_layers=4, num_heads=4, embed_dim=128, block_size=128),
+    "medium": dict(num_layers=6, num_heads=6, embed_dim=384, block_size=256),
+}
+"""The example GPT's sizes by name."""
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int = 256  # bytes
@@ -30,14 +38,9 @@ class GPTConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "GPTConfig":
-        presets = {
-            "tiny": dict(num_layers=2, num_heads=2, embed_dim=64, block_size=64),
-            "small": dict(num_layers=4, num_heads=4, embed_dim=128, block_size=128),
-            "medium": dict(num_layers=6, num_heads=6, embed_dim=384, block_size=256),
-        }
-        if name not in presets:
-            raise ValueError(f"model size {name!r} is unknown; allowed values: {sorted(presets)}")
-        return cls(**{**presets[name], **overrides})
+        if name not in GPT_PRESETS:
+            raise ValueError(f"model size {name!r} is unknown; allowed values: {list(GPT_PRESETS)}")
+        return cls(**{**GPT_PRESETS[name], **overrides})
 
 
 class CausalSelfAttention(nn.Module):

@@ -8,6 +8,7 @@ the accounting of real runs and predicted by the analytic model, side by side.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -18,6 +19,9 @@ from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
 from zeropp.optim import ShardedOptimizer
 from zeropp.topology import Topology
+
+logger = logging.getLogger(__name__)
+
 
 def measure_variants(rank: int, world_size: int, ranks_per_node: int, model_size: str, tokens: tuple[int, int]):
     """For every variant: measured and predicted bytes of this rank's second step."""
@@ -108,8 +112,8 @@ def parse_layout(text: str) -> tuple[int, int]:
 def main(args) -> int:
     layouts = [parse_layout(text) for text in args.layouts.split(",")]
     report = run(layouts, args.model)
-    print(format_report(report))
+    logger.info(format_report(report))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    logger.info(f"\nwrote {args.out}")
     return 0

@@ -19,6 +19,7 @@ scheme reduce-scatters them; we compare with the exact fp64 mean:
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -32,6 +33,9 @@ from zeropp.models import GPT, GPTConfig
 from zeropp.config import ZeroConfig
 from zeropp.reduce import select_gradient_reduction
 from zeropp.topology import Layout, Topology
+
+logger = logging.getLogger(__name__)
+
 
 BLOCK = 256
 METRICS = ("step", "cumulative", "adam")
@@ -156,11 +160,11 @@ def _inter_node_bytes_per_value(config: ZeroConfig) -> float:
 
 def main(args) -> int:
     report = run(args.steps)
-    print(f"{'scheme':<42}" + "".join(f"{key:>12}{'vs ZeRO++':>11}" for key in METRICS) + f"{'bytes/value':>13}")
+    logger.info(f"{'scheme':<42}" + "".join(f"{key:>12}{'vs ZeRO++':>11}" for key in METRICS) + f"{'bytes/value':>13}")
     for name, row in report["schemes"].items():
         figures = "".join(f"{row[key]:>12.4f}{row[key + '_vs_zeropp']:>10.2f}x" for key in METRICS)
-        print(f"{name:<42}{figures}{row['inter_node_bytes_per_value']:>13.4f}")
+        logger.info(f"{name:<42}{figures}{row['inter_node_bytes_per_value']:>13.4f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    logger.info(f"wrote {args.out}")
     return 0

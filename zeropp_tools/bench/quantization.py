@@ -10,6 +10,7 @@ Throughput is a ratio to ``copy_`` of the same fp32 tensor, measured side by sid
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ from zeropp.data import ByteCorpus, load_stdlib_corpus
 from zeropp.models import GPT, GPTConfig
 from zeropp.quantization import BlockFormat, dequantize, quantize
 from zeropp.quantization.blocks import _compiled_quantize_blocks, quantize_compiled
+
+logger = logging.getLogger(__name__)
 
 
 def _seconds(fn, repeats: int) -> list[float]:
@@ -111,13 +114,13 @@ def main(args) -> int:
     for threads, measured in report["throughput"].items():
       for bits in ("int8", "int4"):
         row = measured[bits]
-        print(f"{threads} {bits}: copy {row['copy_GBps']:.2f} GB/s; eager {row['eager_vs_copy']:.2f}x of copy, "
+        logger.info(f"{threads} {bits}: copy {row['copy_GBps']:.2f} GB/s; eager {row['eager_vs_copy']:.2f}x of copy, "
               f"compiled {row['compiled_vs_copy']:.2f}x of copy with packing, kernel alone "
               f"{row['compiled_kernel_vs_copy']:.2f}x (same codes: {row['compiled_equals_eager']})")
     for name, row in report["accuracy"].items():
-        print(f"{name}: relative error per-tensor {row['per_tensor_relative_error']:.4f}, "
+        logger.info(f"{name}: relative error per-tensor {row['per_tensor_relative_error']:.4f}, "
               f"block-256 {row['block256_relative_error']:.4f} ({row['improvement']:.1f}x lower)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    logger.info(f"wrote {args.out}")
     return 0

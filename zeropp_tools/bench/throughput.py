@@ -14,13 +14,17 @@ and from node 0's link counters. Writes JSON, a markdown table and a plot.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from pathlib import Path
 
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.cluster.emulated import payload_bytes
-from zeropp_tools.cluster.launch import run_on_cluster
+from zeropp_tools.cluster.runner import run_on_cluster
 from zeropp_tools.plan import compare, comparison_markdown
+
+logger = logging.getLogger(__name__)
+
 
 VARIANTS = {
     "zero3": [],
@@ -122,13 +126,13 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
                     row[variant] = measure(spec, variant, train_arguments)
             except RuntimeError as error:
                 row[variant] = {"error": str(error)}
-                print(f"{text:>9} Mbit/s {variant:<20} FAILED: {error}", flush=True)
+                logger.info(f"{text:>9} Mbit/s {variant:<20} FAILED: {error}")
                 continue
             finally:
                 (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
             exposed = row[variant].get("exposed_fraction")
-            print(f"{text:>9} Mbit/s {variant:<20} {row[variant]['tokens_per_s']:>10,.0f} tokens/s"
-                  + (f", exposed comm {exposed:.0%}" if exposed is not None else ""), flush=True)
+            logger.info(f"{text:>9} Mbit/s {variant:<20} {row[variant]['tokens_per_s']:>10,.0f} tokens/s"
+                  + (f", exposed comm {exposed:.0%}" if exposed is not None else ""))
         baseline = row.get("zero3", {}).get("tokens_per_s")
         for result in row.values():
             if "tokens_per_s" in result and baseline:
@@ -192,7 +196,7 @@ def main(args) -> int:
     (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "throughput.md").write_text(markdown(report) + "\n\n" + comparison_markdown(report["planner"]) + "\n")
     plot(report, out / "throughput.png")
-    print(markdown(report))
-    print(comparison_markdown(report["planner"]))
-    print(f"wrote {out}/throughput.json, throughput.md, throughput.png")
+    logger.info(markdown(report))
+    logger.info(comparison_markdown(report["planner"]))
+    logger.info(f"wrote {out}/throughput.json, throughput.md, throughput.png")
     return 0

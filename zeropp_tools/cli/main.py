@@ -62,7 +62,7 @@ def _dispatch(arguments, argv: list[str] | None) -> int:
 
 def _run_cluster(arguments) -> int:
     from zeropp_tools.cluster import ClusterSpec
-    from zeropp_tools.cluster.launch import run_on_cluster
+    from zeropp_tools.cluster.runner import run_on_cluster
 
     command = arguments.arguments[1:] if arguments.arguments[:1] == ["--"] else arguments.arguments
     if not command:

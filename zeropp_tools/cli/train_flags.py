@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from .values import (
-    BIT_WIDTHS, GRADIENT_GRIDS, MODEL_SIZES, PRECISIONS, gradient_bit_pair, non_negative_int, positive_float,
-    positive_int,
+    BIT_WIDTHS, GRADIENT_GRIDS, GRADIENT_SCALE_DTYPES, MODEL_SIZES, PRECISIONS, gradient_bit_pair, non_negative_int,
+    positive_float, positive_int,
 )
 
 
@@ -49,8 +49,7 @@ def _add_optimization(group) -> None:
 def _add_communication(group) -> None:
     group.add_argument("--qwz", action="store_true", help="qwZ: block-quantized weight all-gather")
     group.add_argument("--weight-bits", type=int, default=8, choices=BIT_WIDTHS, help="qwZ bits per weight")
-    # --hierarchical-gather: the flag's name before the config field became two_hop_weight_gather.
-    group.add_argument("--two-hop-gather", "--hierarchical-gather", action="store_true",
+    group.add_argument("--two-hop-gather", action="store_true",
                        help="gather weights in two hops: this node's shards exact, only other nodes' across")
     group.add_argument("--hpz", type=positive_int, default=1,
                        help="hpZ secondary partition size in ranks (1 = off; must divide the ranks per node)")
@@ -59,6 +58,8 @@ def _add_communication(group) -> None:
                        help=f"qgZ bits of the intra-node and the inter-node hop, each one of {list(BIT_WIDTHS)}")
     group.add_argument("--gradient-grid", default="uniform", choices=GRADIENT_GRIDS,
                        help="qgZ inter-node levels: uniform INT codes, or log (4 bits on powers of two)")
+    group.add_argument("--gradient-scale-dtype", default="fp32", choices=GRADIENT_SCALE_DTYPES,
+                       help="qgZ block scales on the wire: fp32, or bf16 (half the scale bytes)")
     group.add_argument("--gradient-chunks", type=positive_int, default=2, help="qgZ pipeline chunks per unit")
     group.add_argument("--block-size", type=positive_int, default=256,
                        help="values per quantization block (one fp32 scale each; an even number)")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from zeropp.config import DTYPES
+from zeropp.config import DTYPES, GRADIENT_SCALE_DTYPES
+from zeropp.models.gpt import GPT_PRESETS
 from zeropp.quantization.blocks import GRIDS, SUPPORTED_BITS
 
-# zeropp/models/gpt.py keeps its presets inside GPTConfig.preset with no module constant;
-# TrainConfig rejects any other name, so a drift between the two fails loudly, not silently.
-MODEL_SIZES = ("tiny", "small", "medium")
+MODEL_SIZES = tuple(GPT_PRESETS)
 PRECISIONS = tuple(DTYPES)
 BIT_WIDTHS = tuple(SUPPORTED_BITS)
 GRADIENT_GRIDS = tuple(GRIDS)
+__all__ = ["BIT_WIDTHS", "GRADIENT_GRIDS", "GRADIENT_SCALE_DTYPES", "MODEL_SIZES", "PRECISIONS"]
 
 
 def positive_int(text: str) -> int:

@@ -15,14 +15,18 @@ paired gap to ZeRO-3, and a table (markdown and JSON).
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from dataclasses import replace
 from pathlib import Path
 
 from zeropp.config import ZeroConfig
 from zeropp.launch import spawn_ranks
-from zeropp_tools.plan import Cluster, gpt_work, predict
+from zeropp_tools.plan import ClusterModel, gpt_work, predict
 from zeropp.train import TrainConfig, train
+
+logger = logging.getLogger(__name__)
+
 
 ZERO_PP = dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)
 BASELINE = "zero3"
@@ -88,15 +92,15 @@ def _run_once(base: TrainConfig, out: Path, name: str, seed: int, zero: ZeroConf
     """Train one run, or read the summary a previous study left for it."""
     summary_path = out / f"{_run_name(name, seed)}.summary.json"
     if summary_path.exists():
-        print(f"{name}, seed {seed}: finished earlier, reusing {summary_path}", flush=True)
+        logger.info(f"{name}, seed {seed}: finished earlier, reusing {summary_path}")
         return json.loads(summary_path.read_text())
     config = replace(base, seed=seed, zero=zero, metrics_path=str(out / f"{_run_name(name, seed)}.jsonl"))
     summary = spawn_ranks(train, WORLD_SIZE, (config,), timeout_s=6 * 3600)[0]
     kept = {"validation_loss": summary["validation_loss"], "tokens_per_s": summary["tokens_per_s"],
             "config": summary["config"]}
     summary_path.write_text(json.dumps(kept, indent=2) + "\n")
-    print(f"{name}, seed {seed}: final validation loss {kept['validation_loss']:.4f} "
-          f"({kept['tokens_per_s']:,.0f} tokens/s)", flush=True)
+    logger.info(f"{name}, seed {seed}: final validation loss {kept['validation_loss']:.4f} "
+          f"({kept['tokens_per_s']:,.0f} tokens/s)")
     return kept
 
 
@@ -121,7 +125,7 @@ def run_study(base: TrainConfig, out: Path, seeds: list[int], report_only: bool 
             curves[_run_name(name, seed)] = {"steps": steps, "validation_loss": losses}
     (out / "curves.json").write_text(json.dumps(curves) + "\n")  # the plot's data, small enough to keep
     _plot(results, out)
-    print(_markdown(report))
+    logger.info(_markdown(report))
     return report
 
 
@@ -166,7 +170,7 @@ def _node_link_bytes(config: dict) -> int:
     zero = ZeroConfig(**config["zero"])
     work = gpt_work(config["model_size"], config["batch_per_rank"] * config["seq_len"], flops_per_s=1.0)
     per_node = config["ranks_per_node"]
-    cluster = Cluster(num_nodes=WORLD_SIZE // per_node, ranks_per_node=per_node, inter_node_bytes_per_s=1.0)
+    cluster = ClusterModel(num_nodes=WORLD_SIZE // per_node, ranks_per_node=per_node, inter_node_bytes_per_s=1.0)
     # The most of any step: before and after a change of bits.
     phases = (zero.at_step(0), zero.at_step(config["steps"]))
     return max(predict(work, cluster, phase)["inter_node_bytes_per_step"] for phase in phases)
