@@ -1,6 +1,9 @@
 """Reading a DeepSpeed-style JSON config into our :class:`ZeroConfig`.
 
-Accepted (anything else is an error that names the key)::
+Accepted keys are mapped; ``"auto"`` (as Hugging Face writes them) means "your default";
+DeepSpeed's tuning hints (bucket sizes, prefetch limits, logging) are ignored with a
+warning, as zeropp sizes those itself; any other key changes what training computes and is
+an error that names it::
 
     {"zero_optimization": {"stage": 3, "zero_quantized_weights": true,
                            "zero_hpz_partition_size": 2, "zero_quantized_gradients": true,
@@ -13,6 +16,7 @@ Accepted (anything else is an error that names the key)::
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from .config import ZeroConfig
@@ -26,15 +30,32 @@ ZERO_KEYS = {
 }
 TRAINING_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
 PRECISION_KEYS = ("bf16", "fp16")
+# Keys that only tune how DeepSpeed schedules its work: the result of training is the same.
+TUNING_HINTS = {
+    "steps_per_print", "wall_clock_breakdown", "dump_state", "zero_allow_untested_optimizer", "memory_breakdown",
+    "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger",
+}
+ZERO_TUNING_HINTS = {
+    "reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance", "contiguous_gradients", "sub_group_size",
+    "round_robin_gradients", "reduce_scatter", "allgather_partitions", "zero_hpz_partition_size_auto",
+    "stage3_gather_16bit_weights_on_model_save", "memory_efficient_linear",
+}
+AUTO = "auto"
+logger = logging.getLogger(__name__)
 
 
 def load_deepspeed_config(source: dict | str | Path) -> tuple[ZeroConfig, dict]:
     """Returns our config and the training settings found (batch, accumulation, clipping)."""
     if not isinstance(source, dict):
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"DeepSpeed config {path} does not exist (or is not a file)")
         try:
-            source = json.loads(Path(source).read_text())
+            source = json.loads(path.read_text())
         except json.JSONDecodeError as error:
             raise ValueError(f"{source}: not valid JSON ({error})") from None
+    source = _without_hints(_without_auto(source), TUNING_HINTS, "")
     unknown = sorted(set(source) - {"zero_optimization", *PRECISION_KEYS, *TRAINING_KEYS})
     if unknown:
         raise ValueError(
@@ -50,6 +71,7 @@ def load_deepspeed_config(source: dict | str | Path) -> tuple[ZeroConfig, dict]:
 def _zero_fields(zero: dict) -> dict:
     if not isinstance(zero, dict):
         raise ValueError("zero_optimization must be an object")
+    zero = _without_hints(_without_auto(zero), ZERO_TUNING_HINTS, "zero_optimization.")
     unknown = sorted(set(zero) - set(ZERO_KEYS))
     if unknown:
         raise ValueError(f"unsupported zero_optimization keys: {unknown}; supported: {sorted(ZERO_KEYS)}")
@@ -65,6 +87,8 @@ def _precision_fields(source: dict) -> dict:
     enabled = []
     for key in PRECISION_KEYS:
         section = source.get(key, {})
+        if isinstance(section, dict):
+            section = _without_auto(section)
         if not isinstance(section, dict) or set(section) - {"enabled"}:
             raise ValueError(f"{key} must be an object with only 'enabled', got {section!r}")
         if section.get("enabled", False):
@@ -72,3 +96,19 @@ def _precision_fields(source: dict) -> dict:
     if len(enabled) > 1:
         raise ValueError("bf16.enabled and fp16.enabled are both true; choose one")
     return {"compute_dtype": enabled[0]} if enabled else {}
+
+
+def _without_auto(section: dict) -> dict:
+    """``"auto"`` leaves the choice to us: the key is dropped and our default applies."""
+    kept = {key: value for key, value in section.items() if value != AUTO}
+    for key in sorted(set(section) - set(kept)):
+        logger.info("DeepSpeed config: %s is \"auto\": zeropp's default applies", key)
+    return kept
+
+
+def _without_hints(section: dict, hints: set[str], prefix: str) -> dict:
+    ignored = sorted(set(section) & hints)
+    if ignored:
+        logger.warning("DeepSpeed config: ignoring tuning hints %s (zeropp does not use them; results are unchanged)",
+                       [prefix + key for key in ignored])
+    return {key: value for key, value in section.items() if key not in hints}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -56,3 +58,13 @@ def peak_rss_increase(fn):
     before = _status_kib("VmRSS")
     result = fn()
     return result, (_status_kib("VmHWM") - before) * 1024
+
+
+def process_resources() -> dict[str, int]:
+    """This process's resident memory (bytes), open file descriptors and threads (Linux)."""
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return {
+        "rss_bytes": int(status["VmRSS"].split()[0]) * 1024,
+        "open_files": len(os.listdir("/proc/self/fd")),
+        "threads": int(status["Threads"]),
+    }

@@ -58,8 +58,15 @@ def write_shards(model, optimizer, root, step: int, extra: dict | None) -> Path:
     staging = root / f".tmp-{step_folder_name(step)}-{token[0]}"
     staging.mkdir(parents=True, exist_ok=True)
     path = staging / rank_file_name(rank)
-    save_file(_rank_tensors(model, optimizer), str(path))
-    fsync_path(path)
+    tensors = _rank_tensors(model, optimizer)
+    _check_space(root, staging, sum(t.numel() * t.element_size() for t in tensors.values()))
+    failure = None
+    try:
+        save_file(tensors, str(path))
+        fsync_path(path)
+    except OSError as error:  # a full disk shows here on some ranks only: agree before going on
+        failure = f"{path}: {error.strerror or error}"
+    _agree_or_abort(staging, failure, "writing the rank files failed")
     files = [None] * world
     dist.all_gather_object(files, (path.name, path.stat().st_size, sha256_of(path)))
     if rank == 0:
@@ -77,10 +84,45 @@ def write_shards(model, optimizer, root, step: int, extra: dict | None) -> Path:
             "files": {name: {"bytes": size, "sha256": digest} for name, size, digest in files},
             "extra": extra or {},
         }
-        (staging / METADATA).write_text(json.dumps(metadata, indent=1, default=str))
-        fsync_path(staging / METADATA)
-    dist.barrier()
+        try:
+            (staging / METADATA).write_text(json.dumps(metadata, indent=1, default=str))
+            fsync_path(staging / METADATA)
+        except OSError as error:
+            failure = f"{staging / METADATA}: {error.strerror or error}"
+    _agree_or_abort(staging, failure, "writing the metadata failed")
     return staging
+
+
+# safetensors' header (names, shapes, offsets) per file, an upper bound for our few tensors.
+HEADER_BYTES = 64 * 1024
+
+
+def _check_space(root: Path, staging: Path, rank_bytes: int) -> None:
+    """Collective: refuse before writing when the file system cannot hold the checkpoint
+    (every rank's file; several ranks may share the file system)."""
+    needed = [0] * dist.get_world_size()
+    dist.all_gather_object(needed, rank_bytes + HEADER_BYTES)
+    free = shutil.disk_usage(staging).free
+    failure = None
+    if sum(needed) > free:
+        failure = (f"not enough space for the checkpoint at {root}: it needs {sum(needed):,} bytes "
+                   f"({len(needed)} rank files), the file system has {free:,} free")
+    _agree_or_abort(staging, failure, "not enough space")
+
+
+def _agree_or_abort(staging: Path, failure: str | None, summary: str) -> None:
+    """Collective: when any rank failed, every rank removes the staged folder and raises
+    the same error, so no rank is left waiting in a collective."""
+    failures = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)
+    reasons = [reason for reason in failures if reason]
+    if not reasons:
+        return
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    dist.barrier()
+    raise CheckpointError(f"checkpoint not saved ({summary}); the previous one is untouched. " + "; ".join(dict.fromkeys(reasons)))
 
 
 def commit(model, staging: Path, step: int) -> Path:

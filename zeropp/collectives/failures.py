@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -77,6 +78,9 @@ def _silent_ranks(rank: int, world_size: int) -> str:
     """Ranks that did not announce the failure in the store within the grace period."""
     try:
         store = dist.distributed_c10d._get_default_store()
+        # Behind a broken link the store is unreachable too: give up on it within the grace
+        # period instead of the process group's timeout (the process is failing anyway).
+        store.set_timeout(timedelta(seconds=GRACE_SECONDS))
         store.set(f"zeropp/failed/{rank}", "1")
         deadline = time.monotonic() + GRACE_SECONDS
         silent = set(range(world_size))

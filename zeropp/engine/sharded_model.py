@@ -12,6 +12,7 @@ Lifecycle of a unit in one training step (docs/design.md section 2)::
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torch import nn
@@ -29,6 +30,8 @@ from . import metrics
 from .nonfinite import NonfiniteTracker
 from .schedule import ExecutionOrder
 from .unit import Unit
+
+logger = logging.getLogger(__name__)
 
 
 class ShardedModel(nn.Module):
@@ -68,8 +71,10 @@ class ShardedModel(nn.Module):
 
     # ----------------------------------------------------------------- construction
     def _build_units(self, unit_classes: tuple[type, ...]) -> list[Unit]:
+        specs = plan_units(self.module, unit_classes)
+        _check_unit_classes(self.module, unit_classes, len(specs))
         units = []
-        for index, spec in enumerate(plan_units(self.module, unit_classes)):
+        for index, spec in enumerate(specs):
             flats = []
             for requires_grad in (True, False):
                 params = [p for p in spec.params if p.param.requires_grad == requires_grad]
@@ -111,7 +116,22 @@ class ShardedModel(nn.Module):
 
     # ----------------------------------------------------------------- public
     def forward(self, *args, **kwargs):
+        self._check_inputs(args, kwargs)
         return self.module(*args, **kwargs)
+
+    def _check_inputs(self, args: tuple, kwargs: dict) -> None:
+        """Errors that would otherwise surface deep inside a unit, or as a NaN loss."""
+        device = self.flat_params()[0].master.device
+        named = [(f"argument {index}", value) for index, value in enumerate(args)] + list(kwargs.items())
+        for name, value in named:
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.device != device:
+                raise ValueError(f"input {name} is on {value.device}, this rank's shards on {device}; "
+                                 f"move the batch with .to({str(device)!r})")
+            if value.dim() >= 1 and value.shape[0] == 0:
+                raise ValueError(f"input {name} has an empty batch (shape {tuple(value.shape)}); every rank takes "
+                                 "part in every step's collectives and needs at least one sample")
 
     @property
     def communicator(self) -> Communicator:
@@ -265,6 +285,17 @@ class ShardedModel(nn.Module):
             self._free(unit)
         self._backward_order.freeze()
         self._in_backward = False
+
+
+def _check_unit_classes(module: nn.Module, unit_classes: tuple[type, ...], num_units: int) -> None:
+    if num_units > 1:
+        return
+    if unit_classes:
+        found = sorted({type(child).__name__ for child in module.modules()})
+        raise ValueError(f"unit_classes={[c.__name__ for c in unit_classes]} match no submodule of "
+                         f"{type(module).__name__}; its module classes are {found}")
+    logger.warning("%s wraps as a single unit (no unit_classes): every step gathers the whole model at once; "
+                   "name its block class in unit_classes", type(module).__name__)
 
 
 def _checkpointed(forward, *args, **kwargs):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 import sys
@@ -14,13 +15,18 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..checkpoint import load_checkpoint, save_checkpoint
+from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..config import ZeroConfig
 from ..data import ByteCorpus, load_stdlib_corpus
 from ..engine import ShardedModel
+from ..memory import process_resources
 from ..models import GPT, Block, GPTConfig
 from ..optim import ShardedOptimizer
 from ..topology import Topology
+
+
+SAVE_ERROR_POLICIES = ("stop", "continue")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # steps between checkpoints; 0 saves only at the end
     resume: bool = False  # continue from checkpoint_dir's latest checkpoint when there is one
+    on_save_error: str = "stop"  # a checkpoint that cannot be saved: "stop" the run, or "continue" without it
+    record_resources: bool = False  # add every rank's resident memory, open files and threads to the metrics
     collective_timeout_s: float = 300.0
     zero: ZeroConfig = field(default_factory=ZeroConfig)
 
@@ -50,6 +58,8 @@ class TrainConfig:
         for name in ("steps", "batch_per_rank", "seq_len", "accumulation", "eval_every", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.on_save_error not in SAVE_ERROR_POLICIES:
+            raise ValueError(f"on_save_error={self.on_save_error!r}; allowed values: {list(SAVE_ERROR_POLICIES)}")
         if self.seq_len > GPTConfig.preset(self.model_size).block_size:
             raise ValueError(
                 f"seq_len={self.seq_len} exceeds the {self.model_size} model's block_size="
@@ -100,6 +110,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
                       "tokens_per_s": tokens_per_step / step_times[-1], "comm": comm_table,
                       "step_s": step_times[-1], "exposed_comm_s": exposed[-1],
                       "skipped_steps": optimizer.skipped_steps}
+            if config.record_resources:
+                record["resources"] = _gather_resources(world_size)
             quantization_error = model.weight_quantization_error()
             if quantization_error is not None:
                 record["weight_quantization_error"] = quantization_error
@@ -132,6 +144,12 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     }
 
 
+def _gather_resources(world_size: int) -> list[dict[str, int]]:
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, process_resources())
+    return everyone
+
+
 def _maybe_resume(model, optimizer, config: TrainConfig) -> int:
     """The step to start from: 0, or the step of the latest checkpoint when resuming."""
     if not (config.resume and config.checkpoint_dir and (Path(config.checkpoint_dir) / "latest").exists()):
@@ -144,8 +162,15 @@ def _maybe_save(model, optimizer, config: TrainConfig, completed: int) -> None:
     if not config.checkpoint_dir:
         return
     periodic = config.checkpoint_every and completed % config.checkpoint_every == 0
-    if periodic or completed == config.steps:
+    if not (periodic or completed == config.steps):
+        return
+    try:
         save_checkpoint(model, optimizer, config.checkpoint_dir, step=completed, extra={"data_step": completed})
+    except CheckpointError as error:
+        if config.on_save_error == "stop":
+            raise
+        if model.topology.rank == 0:
+            logger.warning("step %d: %s; training continues (on_save_error='continue')", completed, error)
 
 
 def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> float:

@@ -116,6 +116,8 @@ def _run_bench(arguments) -> int:
         from zeropp_tools.bench import throughput as benchmark
     elif arguments.bench == "grad-error":
         from zeropp_tools.bench import gradient_error as benchmark
+    elif arguments.bench == "faults":
+        from zeropp_tools.bench import faults as benchmark
     else:
         from zeropp_tools.bench import quantization as benchmark
     return benchmark.main(arguments)

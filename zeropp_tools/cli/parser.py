@@ -145,6 +145,10 @@ def _add_bench(commands) -> None:
                             help="training steps whose gradients are measured")
     grad_error.add_argument("--out", default="runs/bench/gradient_error.json", help="JSON file for the report")
     _add_bench_throughput(bench)
+    faults = _subcommand(bench, "faults", "inject faults into real runs (link, node, disk, soak) and record the outcome")
+    faults.add_argument("--scenarios", default="link_flap,link_down,node_killed,disk_full,soak",
+                        help="comma-separated scenarios: link_flap, link_down, node_killed, disk_full, soak")
+    faults.add_argument("--out", default="runs/bench/faults", help="folder for faults.json, faults.md and soak.png")
     quant = _subcommand(bench, "quant", "block quantization speed vs copy and error vs per-tensor scales")
     quant.add_argument("--numel", type=positive_int, default=1 << 22, help="values quantized per timing")
     quant.add_argument("--out", default="runs/bench/quant.json", help="JSON file for the report")

@@ -157,6 +157,21 @@ class EmulatedCluster:
             counters.append(row)
         return counters
 
+    def set_link(self, node: int, up: bool) -> None:
+        """Take node ``node``'s link down (or back up) at the switch: a cable pulled."""
+        _run("ip", "-n", self.switch, "link", "set", f"p{node}", "up" if up else "down")
+
+    def processes(self, node: int) -> dict[int, str]:
+        """{pid: command line} of every process in node ``node``'s namespace."""
+        listing = subprocess.run(["ip", "netns", "pids", self.nodes[node]], capture_output=True, text=True).stdout
+        result = {}
+        for pid in listing.split():
+            try:
+                result[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:  # exited meanwhile
+                continue
+        return result
+
     def popen(self, node: int, command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start ``command`` inside node ``node``'s namespace, output to ``log``."""
         handle = open(log, "w")
