@@ -10,9 +10,9 @@ the collective (op, phase, unit) the survivors were waiting on.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -75,12 +75,19 @@ def collective_error(call: CollectiveCall, rank: int, world_size: int, started: 
 
 
 def _silent_ranks(rank: int, world_size: int) -> str:
-    """Ranks that did not announce the failure in the store within the grace period."""
+    """Ranks that did not announce the failure in the store within the grace period. Behind
+    a broken link the store (hosted with rank 0) may not answer at all, and a store request
+    can block past any timeout: ask in a thread and stop waiting after the grace period."""
+    answer = ["unknown: the rendezvous store (hosted with rank 0) did not answer, so rank 0's side is among them"]
+    asking = threading.Thread(target=lambda: answer.__setitem__(0, _ask_store(rank, world_size)), daemon=True)
+    asking.start()
+    asking.join(GRACE_SECONDS + 2.0)
+    return answer[0]
+
+
+def _ask_store(rank: int, world_size: int) -> str:
     try:
         store = dist.distributed_c10d._get_default_store()
-        # Behind a broken link the store is unreachable too: give up on it within the grace
-        # period instead of the process group's timeout (the process is failing anyway).
-        store.set_timeout(timedelta(seconds=GRACE_SECONDS))
         store.set(f"zeropp/failed/{rank}", "1")
         deadline = time.monotonic() + GRACE_SECONDS
         silent = set(range(world_size))

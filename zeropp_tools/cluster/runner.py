@@ -19,12 +19,16 @@ ZEROPP_CLI = ["-m", "zeropp_tools.cli.main"]
 
 
 def torchrun_command(spec: ClusterSpec, node: int, master: str, arguments: list[str], program: list[str],
-                     python: str = sys.executable, max_restarts: int = 0) -> list[str]:
+                     python: str = sys.executable, max_restarts: int = 0, local: str | None = None) -> list[str]:
     """torchrun on one node. With restarts, the c10d rendezvous: when one node's workers
     fail, every node's agent restarts its workers into a new rendezvous round."""
     if max_restarts:
+        # Node 0 hosts the rendezvous store: torchrun would compare the endpoint with the
+        # host name, which in a network namespace is the machine's, not the node's address.
+        # The workers meet at the address of the node that hosts rank 0, which is --local-addr.
         rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{MASTER_PORT}", "--rdzv-id", "zeropp",
-                      "--max-restarts", str(max_restarts)]
+                      "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}", "--max-restarts", str(max_restarts),
+                      "--local-addr", local or master]
     else:
         rendezvous = ["--node-rank", str(node), "--master-addr", master, "--master-port", str(MASTER_PORT)]
     return [
@@ -50,7 +54,8 @@ def run_on_cluster(
         environment = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", **(environment or {})}
         processes = [
             cluster.popen(
-                node, torchrun_command(spec, node, cluster.address(0), arguments, program, python, max_restarts),
+                node, torchrun_command(spec, node, cluster.address(0), arguments, program, python, max_restarts,
+                                       cluster.address(node)),
                 logs / f"node{node}.log", environment,
             )
             for node in range(spec.num_nodes)
