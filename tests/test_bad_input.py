@@ -172,3 +172,27 @@ def test_missing_config_file_is_named(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_deepspeed_config(tmp_path / "bad.json")
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(3))
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_auto_unit_classes_find_the_repeated_blocks():
+    from zeropp.sharding import auto_unit_classes
+
+    assert auto_unit_classes(GPT(GPTConfig.preset("tiny"))) == (Block,)
+    assert auto_unit_classes(Stack()) == (nn.Sequential,)
+    hugging_face_like = Stack()
+    hugging_face_like._no_split_modules = ["Linear"]
+    assert auto_unit_classes(hugging_face_like) == (nn.Linear,)
+    assert auto_unit_classes(Tiny()) == ()

@@ -177,7 +177,7 @@ def load_checkpoint(model, optimizer, path: str | Path) -> CheckpointInfo:
     same_layout = metadata["world_size"] == model.topology.world_size
     if same_layout:
         torch.set_rng_state(files.read(rank, "rng.torch"))
-    model.on_weights_changed()
+    model.on_weights_changed(include_frozen=True)
     dist.barrier()
     return CheckpointInfo(folder, metadata["step"], metadata["extra"], same_layout)
 

@@ -23,10 +23,11 @@ from ..collectives import Communicator
 from ..config import ZeroConfig
 from ..gather import select_weight_gather
 from ..reduce import select_gradient_reduction
-from ..sharding import FlatParam, ShardState, plan_units
+from ..sharding import FlatParam, ShardState, auto_unit_classes, plan_units
 from ..sharding.flat_param import flatten_params, make_slots, shard_numel_for
 from ..topology import Topology
 from . import metrics
+from .full_parameters import full_parameters
 from .nonfinite import NonfiniteTracker
 from .schedule import ExecutionOrder
 from .unit import Unit
@@ -38,7 +39,9 @@ class ShardedModel(nn.Module):
     """Wraps ``module`` so that each rank holds 1/W of its parameters at rest.
 
     ``unit_classes`` names the module classes that become units of their own (for example
-    the transformer block class); everything else belongs to the root unit.
+    the transformer block class), or is ``"auto"``: a Hugging Face model's
+    ``_no_split_modules``, else the class repeated in a ``ModuleList``. Everything else
+    belongs to the root unit.
     """
 
     def __init__(
@@ -46,7 +49,7 @@ class ShardedModel(nn.Module):
         module: nn.Module,
         topology: Topology,
         config: ZeroConfig | None = None,
-        unit_classes: tuple[type, ...] = (),
+        unit_classes: tuple[type, ...] | str = (),
     ) -> None:
         super().__init__()
         self.module = module
@@ -59,7 +62,7 @@ class ShardedModel(nn.Module):
         self.active_config = self.config.at_step(0)  # what ``set_training_step`` last applied
         self.weight_gather = select_weight_gather(self.active_config, topology, self._comm)
         self.gradient_reduction = select_gradient_reduction(self.active_config, topology, self._comm)
-        self.units = self._build_units(tuple(unit_classes))
+        self.units = self._build_units(_resolve_unit_classes(module, unit_classes))
         self._forward_order = ExecutionOrder()
         self._backward_order = ExecutionOrder()
         self._in_backward = False
@@ -145,6 +148,11 @@ class ShardedModel(nn.Module):
     def flat_params(self) -> list[FlatParam]:
         return [flat for unit in self.units for flat in unit.flats]
 
+    def full_parameters(self, writeback: bool = True, rank0_only: bool = False):
+        """Context manager: the whole fp32 parameters under their names, edits written back
+        (see :func:`zeropp.engine.full_parameters.full_parameters`)."""
+        return full_parameters(self, writeback, rank0_only)
+
     def predicted_step_bytes(self) -> dict[str, dict[str, int]]:
         """The analytic bytes this rank receives per step, per phase, intra and inter node."""
         return metrics.predicted_bytes(self)
@@ -170,13 +178,14 @@ class ShardedModel(nn.Module):
             active, self.topology, self._comm)
         self.gradient_reduction.carry_state_from(previous)
 
-    def on_weights_changed(self) -> None:
+    def on_weights_changed(self, include_frozen: bool = False) -> None:
         """Call after the master shards changed: drop stale gathered copies, refresh the
-        compute-dtype shards. Frozen parameters never change, so they keep theirs."""
+        compute-dtype shards. Frozen parameters keep theirs unless ``include_frozen``
+        (they changed too: loaded or edited)."""
         for unit in self.units:
             self._free(unit)
         for flat in self.flat_params():
-            if flat.requires_grad:
+            if flat.requires_grad or include_frozen:
                 flat.refresh_compute_shard()
                 self.weight_gather.invalidate(flat)
                 flat.state = self._resting_state(flat)
@@ -285,6 +294,14 @@ class ShardedModel(nn.Module):
             self._free(unit)
         self._backward_order.freeze()
         self._in_backward = False
+
+
+def _resolve_unit_classes(module: nn.Module, unit_classes) -> tuple[type, ...]:
+    if isinstance(unit_classes, str):
+        if unit_classes != "auto":
+            raise ValueError(f"unit_classes={unit_classes!r}: give module classes or \"auto\"")
+        return auto_unit_classes(module)
+    return tuple(unit_classes)
 
 
 def _check_unit_classes(module: nn.Module, unit_classes: tuple[type, ...], num_units: int) -> None:

@@ -17,8 +17,9 @@ from .base import WeightGather
 
 
 class PackedShards:
-    """The packed (quantized) master shard of each flat parameter, made on first use.
-    Frozen parameters never change, so theirs are kept for the whole run."""
+    """The packed (quantized) master shard of each flat parameter, made on first use and
+    kept until the engine says the master changed (never, for frozen parameters, unless
+    they are loaded or edited)."""
 
     def __init__(self, config) -> None:
         self.format = config.weight_format
@@ -31,8 +32,7 @@ class PackedShards:
         return self._packed[flat.name]
 
     def invalidate(self, flat) -> None:
-        if flat.requires_grad:
-            self._packed.pop(flat.name, None)
+        self._packed.pop(flat.name, None)
 
     def error_sums(self, flats) -> tuple[float, float]:
         """(sum of squared errors, sum of squares) of the packed shards against the masters."""

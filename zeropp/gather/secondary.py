@@ -56,8 +56,7 @@ class SecondaryGather(WeightGather):
 
     def invalidate(self, flat) -> None:
         self.primary.invalidate(flat)
-        if flat.requires_grad:
-            self._parts.pop(flat.name, None)
+        self._parts.pop(flat.name, None)
 
     def holds_copy(self, flat) -> bool:
         return flat.name in self._parts

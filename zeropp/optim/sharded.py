@@ -19,8 +19,13 @@ from ..engine import ShardedModel
 NONFINITE_POLICIES = ("skip", "raise")
 
 
-class ShardedOptimizer:
-    """``optimizer_factory`` receives the master shards and returns a torch optimizer."""
+class ShardedOptimizer(torch.optim.Optimizer):
+    """``optimizer_factory`` receives the master shards and returns a torch optimizer.
+
+    A ``torch.optim.Optimizer`` itself, sharing the inner optimizer's ``param_groups`` and
+    ``state``, so ``torch.optim.lr_scheduler`` schedulers drive it as they drive any
+    optimizer. What it adds: a step that every rank skips together on NaN or inf gradients,
+    and gradient clipping by the global norm of the sharded gradients."""
 
     def __init__(
         self,
@@ -30,16 +35,17 @@ class ShardedOptimizer:
     ) -> None:
         if on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite={on_nonfinite!r}; allowed values: {list(NONFINITE_POLICIES)}")
+        inner = optimizer_factory(model.master_parameters())
+        super().__init__(model.master_parameters(), inner.defaults)  # sets up the hooks schedulers use
+        self.optimizer = inner
+        # One set of groups and one state: a scheduler's learning rate reaches the inner step.
+        self.param_groups = inner.param_groups
+        self.state = inner.state
         self.model = model
-        self.optimizer = optimizer_factory(model.master_parameters())
         self.on_nonfinite = on_nonfinite
         self.skipped_steps = 0
 
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         for param in self.model.master_parameters():
             param.grad = None
 
@@ -61,9 +67,11 @@ class ShardedOptimizer:
             grad.mul_(coefficient.to(grad.device))
         return norm
 
-    def step(self) -> bool:
+    def step(self, closure=None) -> bool:
         """Step unless some rank has a NaN or inf gradient: then skip (count it in
         ``skipped_steps``) or raise, per ``on_nonfinite``. Returns whether it stepped."""
+        if closure is not None:
+            raise ValueError("ShardedOptimizer.step takes no closure: run forward and backward before calling it")
         sources = self._nonfinite_sources()
         if sources:
             self.skipped_steps += 1

@@ -1,6 +1,6 @@
 """Grouping parameters into units and the flat, padded, sharded buffer of each unit."""
 
 from .flat_param import FlatParam, ShardState
-from .units import ParamInfo, ParamUse, UnitSpec, plan_units
+from .units import ParamInfo, ParamUse, UnitSpec, auto_unit_classes, plan_units
 
-__all__ = ["FlatParam", "ShardState", "ParamInfo", "ParamUse", "UnitSpec", "plan_units"]
+__all__ = ["FlatParam", "ShardState", "ParamInfo", "ParamUse", "UnitSpec", "auto_unit_classes", "plan_units"]

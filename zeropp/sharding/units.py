@@ -89,3 +89,18 @@ def _common_unit(owners: list[UnitSpec]) -> UnitSpec:
         chain = {id(u) for u in owner.ancestors()}
         common = [u for u in common if id(u) in chain]
     return common[0]
+
+
+def auto_unit_classes(model: nn.Module) -> tuple[type, ...]:
+    """The block classes of ``model``: a Hugging Face model's ``_no_split_modules``, else the
+    class of the modules repeated inside a ``ModuleList`` (two or more of one class)."""
+    names = getattr(model, "_no_split_modules", None) or ()
+    classes = {type(module) for module in model.modules() if type(module).__name__ in names}
+    if classes:
+        return tuple(sorted(classes, key=lambda c: c.__name__))
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) >= 2:
+            kinds = {type(child) for child in module}
+            if len(kinds) == 1:
+                classes |= kinds
+    return tuple(sorted(classes, key=lambda c: c.__name__))
