@@ -251,10 +251,15 @@ def _plot_soak(records: list[dict], path: Path) -> None:
     steps = [record["step"] for record in records]
     for rank in range(len(records[0]["resources"])):
         axes.plot(steps, [record["resources"][rank]["rss_bytes"] / 2**20 for record in records], label=f"rank {rank}")
+    second_half = records[len(records) // 2:]
+    lowest = min(record["resources"][rank]["rss_bytes"] for record in second_half
+                 for rank in range(len(record["resources"]))) / 2**20
+    axes.axhline(lowest * 1.05, color="gray", linestyle="--", linewidth=1, label="1.05x the lowest (second half)")
+    axes.set_ylim(0, lowest * 1.15)  # from zero: a flat line should look flat
     axes.set_xlabel("step")
     axes.set_ylabel("resident memory (MiB)")
     axes.set_title("soak: GPT tiny, 4 ranks, a checkpoint every 100 steps")
-    axes.legend()
+    axes.legend(loc="lower right")
     figure.tight_layout()
     FigureCanvasAgg(figure).print_png(str(path))
 
