@@ -8,9 +8,11 @@ in each and returns every rank's return value. A rank that raises, dies or outli
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -77,19 +79,27 @@ def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank, colle
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
     timeout = timedelta(seconds=collective_timeout_s)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    exit_code = 0
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, Path(folder) / f"rank{rank}.pt")
         _wait_for_peers()
     except Exception as error:
+        exit_code = 1
         traceback.print_exc()
         try:
             (Path(folder) / f"rank{rank}.error").write_bytes(pickle.dumps(error))
         except Exception:  # an exception that does not pickle: the traceback above remains
             pass
-        raise
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter finalization: gloo's C++ threads can still hold tensors
+    # whose Python owners die there, which aborts a rank (SIGABRT, "terminate called
+    # without an active exception") after its work and result are complete.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 def finish_distributed() -> None:
