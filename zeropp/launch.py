@@ -9,6 +9,7 @@ in each and returns every rank's return value. A rank that raises, dies or outli
 from __future__ import annotations
 
 import logging
+import multiprocessing.util
 import os
 import pickle
 import socket
@@ -93,12 +94,18 @@ def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank, colle
             pass
     finally:
         dist.destroy_process_group()
-    # Leave without interpreter finalization: gloo's C++ threads can still hold tensors
-    # whose Python owners die there, which aborts a rank (SIGABRT, "terminate called
-    # without an active exception") after its work and result are complete.
+    exit_without_finalization(exit_code)
+
+
+def exit_without_finalization(exit_code: int) -> None:
+    """End a rank whose process group is destroyed, skipping interpreter finalization:
+    gloo's C++ threads can still hold tensors whose Python owners die there, which aborts
+    a rank that has finished its work (SIGABRT, "terminate called without an active
+    exception"). Logs, streams and multiprocessing's own clean-up (semaphores) run first."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    multiprocessing.util._exit_function()
     os._exit(exit_code)
 
 

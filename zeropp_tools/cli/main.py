@@ -123,5 +123,8 @@ def _run_bench(arguments) -> int:
     return benchmark.main(arguments)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # how torchrun starts each rank
+    from zeropp.launch import exit_without_finalization
+
+    # A torchrun rank whose teardown aborted would fail the whole job: see the function.
+    exit_without_finalization(main() or 0)
