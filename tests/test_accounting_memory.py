@@ -19,7 +19,9 @@ def train_steps(model, optimizer, rank, steps=2):
     generator = torch.Generator().manual_seed(rank)
     for _ in range(steps):
         tokens = torch.randint(0, 256, (2, 33), generator=generator)
-        model(tokens[:, :-1], tokens[:, 1:]).backward()
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        scale = getattr(optimizer, "scale_loss", lambda value: value)  # fp16 loss scaling; plain torch: none
+        scale(loss).backward()
         optimizer.step()
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..engine import ShardedModel
+from .loss_scale import DynamicLossScale
 
 
 NONFINITE_POLICIES = ("skip", "raise")
@@ -35,6 +36,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ) -> None:
         if on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite={on_nonfinite!r}; allowed values: {list(NONFINITE_POLICIES)}")
+        # fp16 gradients underflow without a loss scale; bf16 and fp32 need none.
+        self.loss_scale = DynamicLossScale() if model.config.compute_torch_dtype == torch.float16 else None
+        self._scaled_since_step = False
+        self._unscaled = False
         inner = optimizer_factory(model.master_parameters())
         super().__init__(model.master_parameters(), inner.defaults)  # sets up the hooks schedulers use
         self.optimizer = inner
@@ -49,12 +54,34 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for param in self.model.master_parameters():
             param.grad = None
 
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times the current loss scale (fp16 compute), else ``loss`` itself: call
+        ``optimizer.scale_loss(loss).backward()``."""
+        if self.loss_scale is None:
+            return loss
+        self._scaled_since_step = True
+        return loss * self.loss_scale.scale
+
+    @torch.no_grad()
+    def _unscale(self) -> None:
+        """Divide the master gradients by the loss scale, once per step."""
+        if self.loss_scale is None or self._unscaled:
+            return
+        if not self._scaled_since_step:
+            raise ValueError("compute_dtype='fp16' trains with dynamic loss scaling: call "
+                             "optimizer.scale_loss(loss).backward() instead of loss.backward()")
+        for param in self.model.master_parameters():
+            if param.grad is not None:
+                param.grad.mul_(1.0 / self.loss_scale.scale)
+        self._unscaled = True
+
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale gradients so their global L2 norm is at most ``max_norm``; return the norm
         before clipping. Padding contributes zeros; tied weights are counted once."""
         if max_norm <= 0:
             raise ValueError(f"max_norm must be positive, got {max_norm}")
+        self._unscale()
         grads = [p.grad for p in self.model.master_parameters() if p.grad is not None]
         local = torch.zeros((), dtype=torch.float64)
         for grad in grads:
@@ -69,13 +96,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None) -> bool:
         """Step unless some rank has a NaN or inf gradient: then skip (count it in
-        ``skipped_steps``) or raise, per ``on_nonfinite``. Returns whether it stepped."""
+        ``skipped_steps``) or raise, per ``on_nonfinite``. Returns whether it stepped. With
+        fp16 compute an overflow is part of loss scaling: the step is skipped and the scale
+        halved, never raised."""
         if closure is not None:
             raise ValueError("ShardedOptimizer.step takes no closure: run forward and backward before calling it")
+        self._unscale()
         sources = self._nonfinite_sources()
+        self._scaled_since_step = self._unscaled = False
+        if self.loss_scale is not None:
+            self.loss_scale.update(overflowed=bool(sources))
         if sources:
             self.skipped_steps += 1
-            if self.on_nonfinite == "raise":
+            if self.on_nonfinite == "raise" and self.loss_scale is None:
                 raise FloatingPointError(f"non-finite gradients, by rank and unit: {sources}; the step was not applied")
             self.zero_grad()
             return False

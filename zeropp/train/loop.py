@@ -183,7 +183,7 @@ def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> flo
             "train", step * config.accumulation + micro, config.batch_per_rank, config.seq_len, rank, world_size, config.seed
         )
         loss = model(inputs, targets) / config.accumulation
-        loss.backward()
+        optimizer.scale_loss(loss).backward()
         total += loss.detach().float()
     optimizer.clip_grad_norm_(config.clip)
     optimizer.step()
