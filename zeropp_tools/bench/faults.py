@@ -1,6 +1,6 @@
 """``zeropp bench faults``: faults injected into real runs, what happened, and what was lost.
 
-    zeropp bench faults --out benchmarks/results/faults           # all scenarios (root; ~10 min)
+    zeropp bench faults --out benchmarks/results/faults           # all scenarios (root; ~20 min on 2 cores)
     zeropp bench faults --scenarios disk_full,soak
 
 Scenarios (2 nodes x 2 ranks, GPT tiny; the cluster ones run torchrun in network
