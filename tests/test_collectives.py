@@ -1,5 +1,6 @@
 """The engine's collectives against slow references built from plain collectives."""
 
+import pytest
 import torch
 
 from zeropp import Topology
@@ -36,3 +37,16 @@ def test_collectives_match_references():
         for group_name, dtype, error in rank_results:
             # Summation in fp32 of values already in the input dtype: only fp32 rounding.
             assert error < 1e-6, (group_name, dtype, error)
+
+
+def collective_on_the_wrong_device(rank, world_size):
+    topology = Topology.from_environment(ranks_per_node=1)
+    assert topology.device == torch.device("cpu")  # no GPU in the CPU suite
+    communicator = Communicator(CommLog(topology.layout, rank), device=topology.device)
+    shard = torch.ones(4, device="meta")
+    communicator.all_gather(torch.empty(8, device="meta"), shard, topology.group("world"), "test")
+
+
+def test_every_collective_checks_the_topology_device():
+    with pytest.raises(ValueError, match=r"the tensor is on meta, the topology's device is cpu"):
+        spawn_ranks(collective_on_the_wrong_device, 2)

@@ -126,8 +126,9 @@ def _wait_for_peers() -> None:
 
 
 def init_from_torchrun(collective_timeout_s: float = 300.0) -> tuple[int, int]:
-    """Join the world torchrun describes in the environment (gloo on CPU, NCCL on CUDA)."""
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    """Join the world torchrun describes in the environment: gloo for CPU tensors, and NCCL
+    for CUDA tensors when there is a GPU (one device-aware process group)."""
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout_s))

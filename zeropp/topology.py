@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 
@@ -75,21 +76,26 @@ class Topology:
     explicitly to whatever communicates; there are no module-level group globals.
     """
 
-    def __init__(self, layout: Layout, rank: int, groups: dict[str, Group], timeout_s: float | None = None) -> None:
+    def __init__(self, layout: Layout, rank: int, groups: dict[str, Group], timeout_s: float | None = None,
+                 device: torch.device | str = "cpu") -> None:
         assert 0 <= rank < layout.world_size
         self.layout = layout
         self.rank = rank
+        self.device = torch.device(device)  # where this rank's shards, buffers and collectives live
         self._groups = groups
         self._timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
 
     @classmethod
-    def from_environment(cls, ranks_per_node: int | None = None, timeout_s: float | None = None) -> "Topology":
+    def from_environment(cls, ranks_per_node: int | None = None, timeout_s: float | None = None,
+                         device: torch.device | str | None = None) -> "Topology":
         """Create the groups for the current process group world.
 
         ``ranks_per_node`` defaults to torchrun's ``LOCAL_WORLD_SIZE`` (or the whole world
         when that is unset). Every rank must call this collectively, with the same value.
         ``timeout_s`` bounds every collective on the groups created here (a crashed or hung
         peer then ends in an error instead of a hang); give ``init_process_group`` the same.
+        ``device`` defaults to ``cuda:LOCAL_RANK`` when the process group has NCCL (see
+        ``zeropp.launch.init_from_torchrun``), else the CPU.
         """
         if not dist.is_initialized():
             raise ValueError("torch.distributed is not initialized; call init_process_group first")
@@ -111,7 +117,10 @@ class Topology:
             handle = dist.new_group(ranks, timeout=timeout)
             if rank in ranks:
                 groups["inter_node"] = Group("inter_node", tuple(ranks), handle)
-        return cls(layout, rank, groups, timeout_s)
+        if device is None:  # the GPU when the process group can move CUDA tensors with NCCL
+            on_gpu = torch.cuda.is_available() and "nccl" in str(dist.get_backend())
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu else "cpu"
+        return cls(layout, rank, groups, timeout_s, device)
 
     def hpz_group(self, hpz_size: int) -> Group:
         """The group of ``hpz_size`` consecutive ranks inside this rank's node that share a
@@ -155,5 +164,5 @@ class Topology:
     def __repr__(self) -> str:
         return (
             f"Topology(rank={self.rank}, world_size={self.world_size}, "
-            f"num_nodes={self.num_nodes}, ranks_per_node={self.ranks_per_node})"
+            f"num_nodes={self.num_nodes}, ranks_per_node={self.ranks_per_node}, device={self.device})"
         )

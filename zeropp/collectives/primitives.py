@@ -43,9 +43,10 @@ class Communicator:
     """Issues collectives on a group, records their bytes in ``comm_log``, and in debug mode
     checks that every member issues the same call."""
 
-    def __init__(self, comm_log: CommLog, check_order: bool = False) -> None:
+    def __init__(self, comm_log: CommLog, check_order: bool = False, device: torch.device | str | None = None) -> None:
         self.comm_log = comm_log
         self.check_order = check_order
+        self.device = None if device is None else torch.device(device)  # every tensor must be there
         self._waited = [0.0]
 
     def take_wait_seconds(self) -> float:
@@ -56,6 +57,9 @@ class Communicator:
 
     def _launch(self, op: str, group: Group, phase: str, label: str, tensor: torch.Tensor, launch):
         call = CollectiveCall(op, group.name, phase, label, tensor.numel(), str(tensor.dtype).removeprefix("torch."))
+        if self.device is not None and tensor.device != self.device:
+            raise ValueError(f"{call.describe()}: the tensor is on {tensor.device}, the topology's device is "
+                             f"{self.device}; create it with device=topology.device")
         if self.check_order:
             check_same_call(call, group.handle, group.size)
         work = launch()

@@ -21,6 +21,7 @@ def weight_quantization_error(model) -> float | None:
     model (collective); None when the gather quantizes nothing."""
     if not model.active_config.quantized_weights:
         return None
-    sums = torch.tensor(model.weight_gather.quantization_error_sums(model.flat_params()), dtype=torch.float64)
+    sums = torch.tensor(model.weight_gather.quantization_error_sums(model.flat_params()), dtype=torch.float64,
+                        device=model.topology.device)
     model.communicator.all_reduce_sum(sums, model.topology.group("world"), "metrics")
     return (sums[0] / sums[1]).sqrt().item()

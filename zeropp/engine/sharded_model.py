@@ -57,7 +57,7 @@ class ShardedModel(nn.Module):
         self.config = config or ZeroConfig()
         self.config.check_layout(topology.ranks_per_node)
         self.comm_log = CommLog(topology.layout, topology.rank)
-        self._comm = Communicator(self.comm_log, check_order=self.config.debug_collective_order)
+        self._comm = Communicator(self.comm_log, check_order=self.config.debug_collective_order, device=topology.device)
         self._world = topology.group("world")
         self.active_config = self.config.at_step(0)  # what ``set_training_step`` last applied
         self.weight_gather = select_weight_gather(self.active_config, topology, self._comm)

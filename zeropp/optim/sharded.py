@@ -83,10 +83,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"max_norm must be positive, got {max_norm}")
         self._unscale()
         grads = [p.grad for p in self.model.master_parameters() if p.grad is not None]
-        local = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=self.model.topology.device)
         for grad in grads:
-            local += grad.double().pow(2).sum().cpu()
-        total = local.to(self.model.master_parameters()[0].device)
+            total += grad.double().pow(2).sum()
         self.model.communicator.all_reduce_sum(total, self.model.topology.group("world"), "grad_norm")
         norm = total.sqrt().float()
         coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
@@ -123,7 +122,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         local = self.model.take_nonfinite_units()
         # flags[r]: rank r's own gradients were non-finite; flags[-1]: some reduced shard is
         # (finite inputs can still overflow when summed in a narrow reduce dtype).
-        flags = torch.zeros(topology.world_size + 1, dtype=torch.float32)
+        flags = torch.zeros(topology.world_size + 1, dtype=torch.float32, device=topology.device)
         flags[topology.rank] = float(bool(local))
         sums = [p.grad.sum(dtype=torch.float32) for p in self.model.master_parameters() if p.grad is not None]
         flags[-1] = float(bool(sums) and not torch.isfinite(torch.stack(sums)).all())

@@ -82,7 +82,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     """Train the GPT on this rank; returns a summary (identical on every rank)."""
     torch.manual_seed(config.seed)
     topology = Topology.from_environment(config.ranks_per_node, timeout_s=config.collective_timeout_s)
-    model = ShardedModel(GPT(config.model_config()), topology, config.zero, unit_classes=(Block,))
+    model = ShardedModel(GPT(config.model_config()).to(topology.device), topology, config.zero, unit_classes=(Block,))
     optimizer = ShardedOptimizer(
         model, lambda params: torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
     )
@@ -177,11 +177,13 @@ def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> flo
     model.set_training_step(step)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate_at(config, step)
-    total = torch.zeros(())
+    device = model.topology.device
+    total = torch.zeros((), device=device)
     for micro in range(config.accumulation):
         inputs, targets = corpus.rank_batch(
             "train", step * config.accumulation + micro, config.batch_per_rank, config.seq_len, rank, world_size, config.seed
         )
+        inputs, targets = inputs.to(device), targets.to(device)
         loss = model(inputs, targets) / config.accumulation
         optimizer.scale_loss(loss).backward()
         total += loss.detach().float()
@@ -195,11 +197,12 @@ def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> flo
 @torch.no_grad()
 def evaluate(model, corpus, config, rank, world_size) -> float:
     model.eval()
-    total = torch.zeros(())
+    device = model.topology.device
+    total = torch.zeros((), device=device)
     for batch in range(config.eval_batches):
         # The same validation batches whatever the run's seed, so seeds compare fairly.
         inputs, targets = corpus.rank_batch("validation", batch, config.batch_per_rank, config.seq_len, rank, world_size)
-        total += model(inputs, targets).float()
+        total += model(inputs.to(device), targets.to(device)).float()
     model.train()
     dist.all_reduce(total)
     return total.item() / (world_size * config.eval_batches)
