@@ -122,6 +122,21 @@ class Topology:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu else "cpu"
         return cls(layout, rank, groups, timeout_s, device)
 
+    @classmethod
+    def from_device_mesh(cls, mesh, timeout_s: float | None = None) -> "Topology":
+        """A 2-D ``DeviceMesh`` of nodes x ranks per node, such as FSDP2's (replicate, shard)
+        mesh built by ``init_device_mesh(device, (N, D))``: dim 0 runs across nodes, dim 1
+        inside a node. Collective, like :meth:`from_environment`."""
+        if mesh.ndim != 2:
+            raise ValueError(f"the device mesh has {mesh.ndim} dimensions; give a 2-D mesh (nodes, ranks per node)")
+        nodes, per_node = mesh.shape
+        ranks = mesh.mesh.flatten().tolist()
+        if ranks != list(range(nodes * per_node)) or nodes * per_node != dist.get_world_size():
+            raise ValueError(f"the device mesh must hold ranks 0..W-1 in order (rank = node * D + local index) over "
+                             f"the whole world of {dist.get_world_size()}; it holds {ranks}")
+        device = "cpu" if mesh.device_type == "cpu" else f"{mesh.device_type}:{int(os.environ.get('LOCAL_RANK', 0))}"
+        return cls.from_environment(ranks_per_node=per_node, timeout_s=timeout_s, device=device)
+
     def hpz_group(self, hpz_size: int) -> Group:
         """The group of ``hpz_size`` consecutive ranks inside this rank's node that share a
         secondary partition (hpZ). Collective on first use for a size: every rank must ask."""
