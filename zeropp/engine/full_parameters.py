@@ -18,14 +18,10 @@ def full_parameters(model, writeback: bool = True, rank0_only: bool = False) -> 
     ``rank0_only``). Needs the whole model's fp32 size in memory on the ranks that hold it."""
     for unit in model.units:
         model._free(unit)  # no gathered compute-dtype buffers alongside the fp32 copies
-    world = model.topology.group("world")
     holds = not rank0_only or model.topology.rank == 0
     buffers = []
     for flat in model.flat_params():
-        gathered = torch.empty(flat.padded_numel, dtype=torch.float32, device=flat.master.device)
-        work = model.communicator.all_gather(gathered, flat.master.detach(), world, "full_parameters", flat.name)
-        if work is not None:
-            work.wait()
+        gathered = model.gather_master(flat, "full_parameters")
         buffers.append(gathered)
         if holds:
             _install(flat, gathered)

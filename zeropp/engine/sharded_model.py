@@ -124,7 +124,7 @@ class ShardedModel(nn.Module):
 
     def _check_inputs(self, args: tuple, kwargs: dict) -> None:
         """Errors that would otherwise surface deep inside a unit, or as a NaN loss."""
-        device = self.flat_params()[0].master.device
+        device = self.topology.device
         named = [(f"argument {index}", value) for index, value in enumerate(args)] + list(kwargs.items())
         for name, value in named:
             if not isinstance(value, torch.Tensor):
@@ -195,12 +195,18 @@ class ShardedModel(nn.Module):
         """Every parameter, unsharded, in fp32, on every rank (gathers the master shards)."""
         state = {}
         for flat in self.flat_params():
-            gathered = torch.empty(flat.padded_numel, dtype=torch.float32, device=flat.master.device)
-            work = self._comm.all_gather(gathered, flat.master.detach(), self._world, "state_dict", flat.name)
-            if work is not None:
-                work.wait()
+            gathered = self.gather_master(flat, "state_dict")
             state.update({k: v.clone() for k, v in flat.full_values(gathered).items()})
         return state
+
+    @torch.no_grad()
+    def gather_master(self, flat: FlatParam, phase: str) -> torch.Tensor:
+        """Collective: every rank's fp32 master shard of ``flat``, [padded_numel]."""
+        gathered = torch.empty(flat.padded_numel, dtype=torch.float32, device=flat.master.device)
+        work = self._comm.all_gather(gathered, flat.master.detach(), self._world, phase, flat.name)
+        if work is not None:
+            work.wait()
+        return gathered
 
     # ----------------------------------------------------------------- gathering
     def _phase(self) -> str:
