@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.checkpoint import checkpoint
 
 from ..accounting import CommLog
@@ -24,9 +26,11 @@ from ..config import ZeroConfig
 from ..gather import select_weight_gather
 from ..reduce import select_gradient_reduction
 from ..sharding import FlatParam, ShardState, auto_unit_classes, plan_units
-from ..sharding.flat_param import flatten_params, make_slots, shard_numel_for
+from ..init import WeightSource
+from ..sharding.flat_param import flatten_params, make_slots, shard_numel_for, shard_of_params
+from ..sharding.units import modules_by_unit
 from ..topology import Topology
-from . import metrics
+from . import metrics, state_dict
 from .full_parameters import full_parameters
 from .nonfinite import NonfiniteTracker
 from .schedule import ExecutionOrder
@@ -50,6 +54,7 @@ class ShardedModel(nn.Module):
         topology: Topology,
         config: ZeroConfig | None = None,
         unit_classes: tuple[type, ...] | str = (),
+        init: WeightSource | None = None,
     ) -> None:
         super().__init__()
         self.module = module
@@ -62,12 +67,17 @@ class ShardedModel(nn.Module):
         self.active_config = self.config.at_step(0)  # what ``set_training_step`` last applied
         self.weight_gather = select_weight_gather(self.active_config, topology, self._comm)
         self.gradient_reduction = select_gradient_reduction(self.active_config, topology, self._comm)
+        self._weight_source = _check_weight_source(module, init, topology.device)
         self.units = self._build_units(_resolve_unit_classes(module, unit_classes))
+        self._weight_source = None  # holds file handles and the meta module; not needed again
         self._forward_order = ExecutionOrder()
         self._backward_order = ExecutionOrder()
         self._in_backward = False
         self._pending_reductions: list = []
         self._nonfinite = NonfiniteTracker()
+        self._optimizer_stepped = False  # set by any optimizer stepping these parameters
+        self._parameter_ids = {id(param) for param in [*self.master_parameters(), *self.parameters()]}
+        _watch_optimizer_steps(self)
         if self.config.sync_module_states:
             self._broadcast_buffers()
         self._register_hooks()
@@ -76,8 +86,11 @@ class ShardedModel(nn.Module):
     def _build_units(self, unit_classes: tuple[type, ...]) -> list[Unit]:
         specs = plan_units(self.module, unit_classes)
         _check_unit_classes(self.module, unit_classes, len(specs))
+        modules = modules_by_unit(specs)
         units = []
         for index, spec in enumerate(specs):
+            if self._weight_source is not None:
+                self._weight_source.prepare_unit(index, modules[index], spec.params)
             flats = []
             for requires_grad in (True, False):
                 params = [p for p in spec.params if p.param.requires_grad == requires_grad]
@@ -92,14 +105,20 @@ class ShardedModel(nn.Module):
         return units
 
     def _build_flat(self, name, params) -> FlatParam:
-        world_size = self.topology.world_size
+        world_size, rank = self.topology.world_size, self.topology.rank
         slots = make_slots(params, self.config.parameter_alignment)
         extent = slots[-1].offset + slots[-1].numel
         shard_numel = shard_numel_for(extent, world_size, self.config.effective_shard_alignment)
-        full = flatten_params(params, slots, shard_numel * world_size)
-        if self.config.sync_module_states:
+        start = rank * shard_numel
+        if self._weight_source is not None:  # the same values on every rank by construction
+            shard = self._weight_source.shard(params, slots, start, shard_numel)
+        elif self.config.sync_module_states:
+            full = flatten_params(params, slots, shard_numel * world_size, self.topology.device)
             self._comm.broadcast(full, self._world, source_rank=0, phase="init")
-        return FlatParam(name, params, slots, full, self.topology.rank, world_size, self.config.compute_torch_dtype)
+            shard = full[start : start + shard_numel].clone()
+        else:
+            shard = shard_of_params(params, slots, start, shard_numel, self.topology.device)
+        return FlatParam(name, params, slots, shard, rank, world_size, self.config.compute_torch_dtype)
 
     def _broadcast_buffers(self) -> None:
         for buffer in self.module.buffers():
@@ -120,7 +139,20 @@ class ShardedModel(nn.Module):
     # ----------------------------------------------------------------- public
     def forward(self, *args, **kwargs):
         self._check_inputs(args, kwargs)
+        self._refresh_changed_weights()
         return self.module(*args, **kwargs)
+
+    def _refresh_changed_weights(self) -> None:
+        """Master shards change under an optimizer step (noticed by a step hook: fused
+        kernels leave no other trace) or an in-place edit (noticed by the version counter,
+        which the pieces from ``named_parameters`` share): refresh what derives from them."""
+        edited = [flat for flat in self.flat_params() if flat.master._version != flat.seen_version]
+        if self._optimizer_stepped or edited:
+            self.on_weights_changed(include_frozen=any(not flat.requires_grad for flat in edited))
+
+    def owns_parameters_of(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` steps this model's master shards or their pieces."""
+        return any(id(param) in self._parameter_ids for group in optimizer.param_groups for param in group["params"])
 
     def _check_inputs(self, args: tuple, kwargs: dict) -> None:
         """Errors that would otherwise surface deep inside a unit, or as a NaN loss."""
@@ -189,15 +221,60 @@ class ShardedModel(nn.Module):
                 flat.refresh_compute_shard()
                 self.weight_gather.invalidate(flat)
                 flat.state = self._resting_state(flat)
+            flat.seen_version = flat.master._version
+        self._optimizer_stepped = False
+
+    # ----------------------------------------------------------------- PyTorch contract
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """This rank's fp32 master pieces under the original names: 1-D, [elements held
+        here] (empty where this rank holds none of a parameter), sharing the master shards'
+        storage, so ``torch.optim.AdamW(model.parameters())`` trains the model."""
+        for flat in self.flat_params():
+            for piece in flat.local_pieces:
+                names = piece.slot.names if not remove_duplicate else piece.slot.names[:1]
+                for name in names:
+                    yield prefix + name, piece.parameter
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for flat in self.flat_params():
+            flat.clear_grad()
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
+        """Sharded: ``ShardedTensor`` s of the flattened parameters, this rank's piece local
+        (see :mod:`zeropp.engine.state_dict`); ``torch.distributed.checkpoint`` saves and
+        loads it at any world size. :meth:`full_state_dict` gives whole tensors."""
+        state = state_dict.sharded_state_dict(self, prefix)
+        if destination is not None:
+            destination.update(state)
+            return destination
+        return state
+
+    def load_state_dict(self, state: dict, strict: bool = True, assign: bool = False):
+        """Sharded (this layout, as ``torch.distributed.checkpoint.load`` fills it) or full
+        (whole tensors, original shapes) state; refreshes every derived copy."""
+        return state_dict.load_state_dict(self, state, strict)
+
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """Collective: every parameter and buffer whole, fp32, on CPU; on rank 0 only (empty
+        elsewhere) with ``rank0_only``."""
+        return state_dict.full_state_dict(self, rank0_only)
 
     @torch.no_grad()
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter, unsharded, in fp32, on every rank (gathers the master shards)."""
-        state = {}
-        for flat in self.flat_params():
-            gathered = self.gather_master(flat, "state_dict")
-            state.update({k: v.clone() for k, v in flat.full_values(gathered).items()})
-        return state
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Collective. Scale the sharded gradients so their global L2 norm is at most
+        ``max_norm``; return the norm before clipping (tied weights counted once)."""
+        if max_norm <= 0:
+            raise ValueError(f"max_norm must be positive, got {max_norm}")
+        grads = [p.grad for p in self.master_parameters() if p.grad is not None]
+        total = torch.zeros((), dtype=torch.float64, device=self.topology.device)
+        for grad in grads:
+            total += grad.double().pow(2).sum()
+        self._comm.all_reduce_sum(total, self._world, "grad_norm")
+        norm = total.sqrt().float()
+        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for grad in grads:
+            grad.mul_(coefficient.to(grad.device))
+        return norm
 
     @torch.no_grad()
     def gather_master(self, flat: FlatParam, phase: str) -> torch.Tensor:
@@ -300,6 +377,37 @@ class ShardedModel(nn.Module):
             self._free(unit)
         self._backward_order.freeze()
         self._in_backward = False
+
+
+def _watch_optimizer_steps(model: ShardedModel) -> None:
+    """After any optimizer's step over ``model``'s parameters, mark its weights changed.
+    The hook holds the model weakly and goes away with it."""
+    reference = weakref.ref(model)
+
+    def after_step(optimizer, args, kwargs) -> None:
+        target = reference()
+        if target is not None and target.owns_parameters_of(optimizer):
+            target._optimizer_stepped = True
+
+    handle = register_optimizer_step_post_hook(after_step)
+    weakref.finalize(model, handle.remove)
+
+
+def _check_weight_source(module: nn.Module, init: WeightSource | None, device: torch.device) -> WeightSource | None:
+    on_meta = [name for name, param in module.named_parameters() if param.is_meta]
+    if init is None:
+        if on_meta:
+            raise ValueError(f"{len(on_meta)} parameters are on the meta device (first: {on_meta[0]}); pass "
+                             "init=zeropp.init.RunInitializers(seed=...) to initialise them unit by unit, or "
+                             "init=zeropp.init.LoadSafetensors(path) to load pretrained weights into the shards")
+        return None
+    if not isinstance(init, WeightSource):
+        raise ValueError(f"init={init!r}: give a zeropp.init.RunInitializers or zeropp.init.LoadSafetensors")
+    if len(on_meta) != len(list(module.parameters())):
+        raise ValueError("init=... fills a module built on the meta device (with torch.device('meta'): ...); "
+                         "this one has real parameters, which would be ignored; drop init= to keep them")
+    init.bind(module, device)
+    return init
 
 
 def _resolve_unit_classes(module: nn.Module, unit_classes) -> tuple[type, ...]:

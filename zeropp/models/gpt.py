@@ -84,6 +84,15 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_mlp(x))
 
 
+def _init_linear_and_embedding(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -94,19 +103,23 @@ class GPT(nn.Module):
         self.ln_final = nn.LayerNorm(config.embed_dim)
         self.lm_head = nn.Linear(config.embed_dim, config.vocab_size, bias=False)
         self.lm_head.weight = self.token_embedding.weight  # tied
-        self.apply(self._init_weights)
+        # Eager construction draws in this order (recorded runs and goldens depend on it);
+        # ``_init_weights`` gives each module the same distribution on its own.
+        self.apply(_init_linear_and_embedding)
         for name, param in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("down.weight"):
-                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.num_layers))
+                nn.init.normal_(param, mean=0.0, std=self._residual_std())
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    def _residual_std(self) -> float:
+        return 0.02 / math.sqrt(2 * self.config.num_layers)  # GPT-2's scaled residual projections
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """One module's initialisation, children visited before parents (as ``apply``): what
+        meta-device construction runs unit by unit."""
+        _init_linear_and_embedding(module)
+        if isinstance(module, (CausalSelfAttention, MLP)):
+            residual = module.proj if isinstance(module, CausalSelfAttention) else module.down
+            nn.init.normal_(residual.weight, mean=0.0, std=self._residual_std())
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -51,8 +51,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.skipped_steps = 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for param in self.model.master_parameters():
-            param.grad = None
+        self.model.zero_grad()
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` times the current loss scale (fp16 compute), else ``loss`` itself: call
@@ -79,19 +78,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale gradients so their global L2 norm is at most ``max_norm``; return the norm
         before clipping. Padding contributes zeros; tied weights are counted once."""
-        if max_norm <= 0:
-            raise ValueError(f"max_norm must be positive, got {max_norm}")
         self._unscale()
-        grads = [p.grad for p in self.model.master_parameters() if p.grad is not None]
-        total = torch.zeros((), dtype=torch.float64, device=self.model.topology.device)
-        for grad in grads:
-            total += grad.double().pow(2).sum()
-        self.model.communicator.all_reduce_sum(total, self.model.topology.group("world"), "grad_norm")
-        norm = total.sqrt().float()
-        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for grad in grads:
-            grad.mul_(coefficient.to(grad.device))
-        return norm
+        return self.model.clip_grad_norm_(max_norm)
 
     def step(self, closure=None) -> bool:
         """Step unless some rank has a NaN or inf gradient: then skip (count it in
@@ -111,8 +99,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 raise FloatingPointError(f"non-finite gradients, by rank and unit: {sources}; the step was not applied")
             self.zero_grad()
             return False
-        self.optimizer.step()
-        self.model.on_weights_changed()
+        self.optimizer.step()  # the model notices (a step hook) and refreshes before its next forward
         return True
 
     def _nonfinite_sources(self) -> dict[int, list[str]]:

@@ -71,12 +71,47 @@ def make_slots(params: list[ParamInfo], alignment: int) -> list[Slot]:
     return slots
 
 
-def flatten_params(params: list[ParamInfo], slots: list[Slot], padded_numel: int) -> torch.Tensor:
+def flatten_params(params: list[ParamInfo], slots: list[Slot], padded_numel: int,
+                   device: torch.device) -> torch.Tensor:
     """The fp32 full buffer of ``params`` with zero padding, shape [padded_numel]."""
-    flat = torch.zeros(padded_numel, dtype=torch.float32, device=params[0].param.device)
+    flat = torch.zeros(padded_numel, dtype=torch.float32, device=device)
     for info, slot in zip(params, slots):
         flat[slot.offset : slot.offset + slot.numel].copy_(info.param.detach().reshape(-1))
     return flat
+
+
+def slot_pieces(slots: list[Slot], start: int, stop: int) -> list[tuple[Slot, int, int]]:
+    """``(slot, first, last)`` for every slot overlapping positions [start, stop) of the flat
+    buffer: elements [first, last) of the flattened parameter lie in that range."""
+    pieces = []
+    for slot in slots:
+        first, last = max(start, slot.offset) - slot.offset, min(stop, slot.offset + slot.numel) - slot.offset
+        if first < last:
+            pieces.append((slot, first, last))
+    return pieces
+
+
+def shard_of_params(params: list[ParamInfo], slots: list[Slot], start: int, shard_numel: int,
+                    device: torch.device) -> torch.Tensor:
+    """Positions [start, start + shard_numel) of the flat buffer of ``params``, without
+    building the whole buffer: [shard_numel] fp32, zero where padding."""
+    shard = torch.zeros(shard_numel, dtype=torch.float32, device=device)
+    values = {id(slot): info.param for info, slot in zip(params, slots)}
+    for slot, first, last in slot_pieces(slots, start, start + shard_numel):
+        position = slot.offset + first - start
+        shard[position : position + last - first].copy_(values[id(slot)].detach().reshape(-1)[first:last])
+    return shard
+
+
+@dataclass(frozen=True)
+class LocalPiece:
+    """The part of one parameter in this rank's shard: elements [first, first + numel) of the
+    flattened parameter, at [begin, begin + numel) of the master shard."""
+
+    slot: Slot
+    first: int
+    begin: int
+    parameter: nn.Parameter  # 1-D view of the master shard, [numel] fp32
 
 
 class FlatParam:
@@ -87,17 +122,16 @@ class FlatParam:
         name: str,
         params: list[ParamInfo],
         slots: list[Slot],
-        full_fp32: torch.Tensor,
+        shard: torch.Tensor,
         rank: int,
         world_size: int,
         compute_dtype: torch.dtype,
     ) -> None:
-        assert full_fp32.numel() % world_size == 0
         self.name = name
         self.requires_grad = params[0].param.requires_grad
         self.compute_dtype = compute_dtype
-        self.shard_numel = full_fp32.numel() // world_size
-        self.padded_numel = full_fp32.numel()
+        self.shard_numel = shard.numel()
+        self.padded_numel = shard.numel() * world_size
         self.slots = slots
         self.numel = sum(slot.numel for slot in self.slots)  # real values, padding excluded
         # Split sizes of the full buffer: [gap, parameter, gap, parameter, ..., tail padding].
@@ -107,9 +141,11 @@ class FlatParam:
             end = slot.offset + slot.numel
         self._split_sizes.append(self.padded_numel - end)
 
-        start = rank * self.shard_numel
-        shard = full_fp32[start : start + self.shard_numel].clone()
+        self.start = rank * self.shard_numel  # where this rank's shard begins in the full buffer
         self.master = nn.Parameter(shard, requires_grad=self.requires_grad)  # [shard_numel] fp32
+        # This rank's piece of each original parameter (empty where it holds none), views of
+        # the master shard sharing its storage: what ``ShardedModel.named_parameters`` yields.
+        self.local_pieces = [self._local_piece(slot) for slot in slots]
         self._compute_shard = None if compute_dtype == torch.float32 else shard.to(compute_dtype)
 
         self.full = torch.empty(self.padded_numel, dtype=compute_dtype, device=shard.device)
@@ -121,6 +157,15 @@ class FlatParam:
         self.full_data = self.full.data
         self.state = ShardState.SHARDED
         self.pending_gather = None
+        self.seen_version = self.master._version  # the master's version when last refreshed
+
+    def _local_piece(self, slot: Slot) -> LocalPiece:
+        stop = self.start + self.shard_numel
+        first = min(max(self.start, slot.offset), slot.offset + slot.numel) - slot.offset
+        last = max(min(stop, slot.offset + slot.numel), slot.offset + first) - slot.offset
+        begin = min(max(slot.offset + first - self.start, 0), self.shard_numel)
+        view = self.master.detach()[begin : begin + last - first]
+        return LocalPiece(slot, first, begin, nn.Parameter(view, requires_grad=self.requires_grad))
 
     def compute_shard(self) -> torch.Tensor:
         """What this rank contributes to the all-gather, [shard_numel] compute dtype."""
@@ -164,11 +209,21 @@ class FlatParam:
                 setattr(use.module, use.attr, view)
 
     def accumulate_grad(self, shard_grad: torch.Tensor) -> None:
-        """Add a reduced gradient shard ([shard_numel] fp32) into the master's grad."""
-        if self.master.grad is None:
+        """Add a reduced gradient shard ([shard_numel] fp32) into the master's grad; the
+        local pieces' grads are views of it. A piece whose grad was set to None (an optimizer
+        over ``model.parameters()`` zeroing them) means the accumulated gradient was cleared."""
+        cleared = any(piece.parameter.grad is None for piece in self.local_pieces)
+        if self.master.grad is None or cleared:
             self.master.grad = shard_grad
         else:
             self.master.grad.add_(shard_grad)
+        for piece in self.local_pieces:
+            piece.parameter.grad = self.master.grad[piece.begin : piece.begin + piece.parameter.numel()]
+
+    def clear_grad(self) -> None:
+        self.master.grad = None
+        for piece in self.local_pieces:
+            piece.parameter.grad = None
 
     def full_values(self, gathered_fp32: torch.Tensor) -> dict[str, torch.Tensor]:
         """Split a gathered fp32 buffer into ``{name: tensor}`` for every parameter name."""

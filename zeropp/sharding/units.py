@@ -104,3 +104,24 @@ def auto_unit_classes(model: nn.Module) -> tuple[type, ...]:
             if len(kinds) == 1:
                 classes |= kinds
     return tuple(sorted(classes, key=lambda c: c.__name__))
+
+
+def modules_by_unit(units: list[UnitSpec]) -> list[list[nn.Module]]:
+    """For each unit, the modules whose innermost enclosing unit it is, children before
+    parents (the order of ``nn.Module.apply``)."""
+    owner: dict[int, int] = {}
+    for index, unit in enumerate(units):  # tree order: inner units overwrite their ancestors
+        for module in unit.module.modules():
+            owner[id(module)] = index
+    result: list[list[nn.Module]] = [[] for _ in units]
+    seen: set[int] = set()
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            visit(child)
+        if id(module) not in seen:
+            seen.add(id(module))
+            result[owner[id(module)]].append(module)
+
+    visit(units[0].module)
+    return result
