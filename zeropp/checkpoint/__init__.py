@@ -1,5 +1,6 @@
 """Sharded checkpoints: atomic saves, resume, re-sharding on load, consolidated export."""
 
+from .distributed import DistributedState, load_optimizer_state_dict, optimizer_state_dict
 from .export import export_consolidated
 from .format import CheckpointError, resolve_checkpoint
 from .sharded import CheckpointInfo, load_checkpoint, save_checkpoint
@@ -7,8 +8,11 @@ from .sharded import CheckpointInfo, load_checkpoint, save_checkpoint
 __all__ = [
     "CheckpointError",
     "CheckpointInfo",
+    "DistributedState",
     "export_consolidated",
     "load_checkpoint",
+    "load_optimizer_state_dict",
+    "optimizer_state_dict",
     "resolve_checkpoint",
     "save_checkpoint",
 ]
