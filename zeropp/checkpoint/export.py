@@ -27,11 +27,22 @@ def export_consolidated(checkpoint: str | Path, output: str | Path) -> Path:
             for name in slot["names"]:  # tied weights appear under each of their names
                 entries.append((name, index, flat["shard_numel"], slot["offset"], slot["numel"], slot["shape"]))
     entries.sort()
+    layout = [(name, shape) for name, _, _, _, _, shape in entries]
+    values = (read_positions(files, index, shard_numel, offset, offset + numel, "master")
+              for _, index, shard_numel, offset, numel, _ in entries)
+    return write_safetensors(output, layout, values, {"format": "pt", "zeropp_step": str(metadata["step"])})
+
+
+def write_safetensors(output: str | Path, layout: list[tuple[str, list[int]]], values, metadata: dict) -> Path:
+    """Write fp32 tensors named and shaped by ``layout`` whose values come one at a time, in
+    that order, from ``values`` (so only one is in memory); atomically (a partial file never
+    carries the final name)."""
     header, position = {}, 0
-    for name, _, _, _, numel, shape in entries:
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [position, position + 4 * numel]}
-        position += 4 * numel
-    header["__metadata__"] = {"format": "pt", "zeropp_step": str(metadata["step"])}
+    for name, shape in layout:
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [position, position + size]}
+        position += size
+    header["__metadata__"] = metadata
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
     output = Path(output)
@@ -39,10 +50,9 @@ def export_consolidated(checkpoint: str | Path, output: str | Path) -> Path:
     with open(temporary, "wb") as handle:
         handle.write(struct.pack("<Q", len(encoded)))
         handle.write(encoded)
-        for _, index, shard_numel, offset, numel, _ in entries:
-            values = read_positions(files, index, shard_numel, offset, offset + numel, "master")
-            handle.write(values.contiguous().numpy().tobytes())
-            del values
+        for (name, shape), value in zip(layout, values, strict=True):
+            assert value.numel() == math.prod(shape), name
+            handle.write(value.detach().float().cpu().contiguous().numpy().tobytes())
     temporary.replace(output)
     return output
 

@@ -17,12 +17,12 @@ from tqdm import tqdm
 
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..config import ZeroConfig
-from ..data import ByteCorpus, load_stdlib_corpus
 from ..engine import ShardedModel
 from ..memory import process_resources
-from ..models import GPT, Block, GPTConfig
+from ..models import GPTConfig
 from ..optim import ShardedOptimizer
 from ..topology import Topology
+from .job import Job, build_job, model_name
 
 
 SAVE_ERROR_POLICIES = ("stop", "continue")
@@ -51,16 +51,20 @@ class TrainConfig:
     on_save_error: str = "stop"  # a checkpoint that cannot be saved: "stop" the run, or "continue" without it
     record_resources: bool = False  # add every rank's resident memory, open files and threads to the metrics
     collective_timeout_s: float = 300.0
+    hf_model: str | None = None  # a Hugging Face model folder to fine-tune instead of the built-in GPT
+    data_path: str | None = None  # a text file to train on instead of the built-in corpus
+    export_dir: str | None = None  # write the trained model here (Hugging Face folder, or model.safetensors)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
 
     def __post_init__(self) -> None:
-        GPTConfig.preset(self.model_size)
+        if self.hf_model is None:
+            GPTConfig.preset(self.model_size)
         for name in ("steps", "batch_per_rank", "seq_len", "accumulation", "eval_every", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.on_save_error not in SAVE_ERROR_POLICIES:
             raise ValueError(f"on_save_error={self.on_save_error!r}; allowed values: {list(SAVE_ERROR_POLICIES)}")
-        if self.seq_len > GPTConfig.preset(self.model_size).block_size:
+        if self.hf_model is None and self.seq_len > GPTConfig.preset(self.model_size).block_size:
             raise ValueError(
                 f"seq_len={self.seq_len} exceeds the {self.model_size} model's block_size="
                 f"{GPTConfig.preset(self.model_size).block_size}"
@@ -82,11 +86,11 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     """Train the GPT on this rank; returns a summary (identical on every rank)."""
     torch.manual_seed(config.seed)
     topology = Topology.from_environment(config.ranks_per_node, timeout_s=config.collective_timeout_s)
-    model = ShardedModel(GPT(config.model_config()).to(topology.device), topology, config.zero, unit_classes=(Block,))
+    job = build_job(config, topology)
+    model, corpus = job.model, job.corpus
     optimizer = ShardedOptimizer(
         model, lambda params: torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
     )
-    corpus = ByteCorpus(load_stdlib_corpus())
     first_step = _maybe_resume(model, optimizer, config)
     metrics = open(config.metrics_path, "a" if first_step else "w") if rank == 0 and config.metrics_path else None
     tokens_per_step = world_size * config.batch_per_rank * config.seq_len * config.accumulation
@@ -101,7 +105,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
             model.comm_log.reset()
             model.communicator.take_wait_seconds()
             started = time.perf_counter()
-            loss = _train_step(model, optimizer, corpus, config, step, rank, world_size)
+            loss = _train_step(job, optimizer, config, step, rank, world_size)
             step_times.append(time.perf_counter() - started)
             exposed.append(model.communicator.take_wait_seconds())
             comm_table = model.comm_log.totals_by_phase()
@@ -116,7 +120,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
             if quantization_error is not None:
                 record["weight_quantization_error"] = quantization_error
             if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-                record["validation_loss"] = evaluate(model, corpus, config, rank, world_size)
+                record["validation_loss"] = evaluate(job, config, rank, world_size)
             progress.set_postfix(loss=f"{loss:.3f}")
             if metrics:
                 metrics.write(json.dumps(record) + "\n")
@@ -126,7 +130,9 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
         if metrics:
             metrics.close()
     timed = step_times[min(5, len(step_times) - 1):]
-    validation = record["validation_loss"] if "validation_loss" in record else evaluate(model, corpus, config, rank, world_size)
+    validation = record["validation_loss"] if "validation_loss" in record else evaluate(job, config, rank, world_size)
+    if config.export_dir:
+        job.export(config.export_dir)
     lifetime = [None] * world_size  # every rank's bytes over the whole run, init and evaluation included
     dist.all_gather_object(lifetime, dict(model.comm_log.lifetime))
     return {
@@ -173,7 +179,8 @@ def _maybe_save(model, optimizer, config: TrainConfig, completed: int) -> None:
             logger.warning("step %d: %s; training continues (on_save_error='continue')", completed, error)
 
 
-def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> float:
+def _train_step(job: Job, optimizer, config, step, rank, world_size) -> float:
+    model, corpus = job.model, job.corpus
     model.set_training_step(step)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate_at(config, step)
@@ -184,7 +191,7 @@ def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> flo
             "train", step * config.accumulation + micro, config.batch_per_rank, config.seq_len, rank, world_size, config.seed
         )
         inputs, targets = inputs.to(device), targets.to(device)
-        loss = model(inputs, targets) / config.accumulation
+        loss = job.loss(model, inputs, targets) / config.accumulation
         optimizer.scale_loss(loss).backward()
         total += loss.detach().float()
     optimizer.clip_grad_norm_(config.clip)
@@ -195,14 +202,15 @@ def _train_step(model, optimizer, corpus, config, step, rank, world_size) -> flo
 
 
 @torch.no_grad()
-def evaluate(model, corpus, config, rank, world_size) -> float:
+def evaluate(job: Job, config, rank, world_size) -> float:
+    model, corpus = job.model, job.corpus
     model.eval()
     device = model.topology.device
     total = torch.zeros((), device=device)
     for batch in range(config.eval_batches):
         # The same validation batches whatever the run's seed, so seeds compare fairly.
         inputs, targets = corpus.rank_batch("validation", batch, config.batch_per_rank, config.seq_len, rank, world_size)
-        total += model(inputs.to(device), targets.to(device)).float()
+        total += job.loss(model, inputs.to(device), targets.to(device)).float()
     model.train()
     dist.all_reduce(total)
     return total.item() / (world_size * config.eval_batches)
@@ -210,6 +218,7 @@ def evaluate(model, corpus, config, rank, world_size) -> float:
 
 def _describe(config: TrainConfig, topology: Topology, model: ShardedModel) -> dict:
     described = asdict(config)
+    described["model"] = model_name(config)
     described["num_parameters"] = sum(flat.numel for flat in model.flat_params())
     described["world_size"] = topology.world_size
     described["num_nodes"] = topology.num_nodes

@@ -27,6 +27,14 @@ def add_train_arguments(trainer: argparse.ArgumentParser) -> None:
 
 def _add_model_and_data(group) -> None:
     group.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size")
+    group.add_argument("--hf-config", default=None, metavar="DIR",
+                       help="fine-tune a Hugging Face causal LM instead of the GPT: a local folder with config.json, "
+                            "optionally safetensors weights (else a random start) and tokenizer files (else bytes)")
+    group.add_argument("--data", default=None, metavar="FILE",
+                       help="a UTF-8 text file to train on (last tenth for validation) instead of the built-in corpus")
+    group.add_argument("--export", default=None, metavar="DIR",
+                       help="after training, write the model there: config.json + model.safetensors that "
+                            "from_pretrained loads (Hugging Face), or model.safetensors (GPT)")
     group.add_argument("--seq-len", type=positive_int, default=128,
                        help="tokens per sequence (at most the model's block size)")
     group.add_argument("--batch-per-rank", type=positive_int, default=8, help="sequences per rank per micro-step")

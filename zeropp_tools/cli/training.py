@@ -57,7 +57,8 @@ def training_config(arguments, explicit: set[str], ranks_per_node: int | None) -
         clip=training.get("gradient_clipping", 1.0),
         ranks_per_node=ranks_per_node, metrics_path=str(Path(arguments.out) / "metrics.jsonl"), zero=zero,
         checkpoint_dir=arguments.checkpoint_dir, checkpoint_every=arguments.checkpoint_every, resume=arguments.resume,
-        collective_timeout_s=arguments.timeout,
+        collective_timeout_s=arguments.timeout, hf_model=arguments.hf_config, data_path=arguments.data,
+        export_dir=arguments.export,
     )
 
 
@@ -98,7 +99,7 @@ def training_report(summary: dict, out: Path) -> str:
     config = summary["config"]
     zero = config["zero"]
     lines = [
-        f"model: GPT {config['model_size']}, {config['num_parameters']:,} parameters; "
+        f"model: {config['model']}, {config['num_parameters']:,} parameters; "
         f"world: {config['world_size']} ranks = {config['num_nodes']} nodes x {config['ranks_per_node']}; "
         f"precision: {zero['compute_dtype']}; qwZ {zero['quantized_weights']}, "
         f"hpZ size {zero['hpz_size']}, qgZ {zero['quantized_gradients']}",
