@@ -3,7 +3,7 @@
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: demo test bench bench-cluster setup deepspeed-setup
+.PHONY: demo test gpu-check bench bench-cluster setup deepspeed-setup
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,6 +19,11 @@ demo: setup
 
 test: setup
 	$(PYTHON) -m pytest -q
+
+# The CUDA path on a machine with a GPU (NCCL, gloo with CUDA tensors, parity, kernels);
+# the quantization figures land in benchmarks/results/gpu/. Needs a CUDA build of torch.
+gpu-check: setup
+	$(PYTHON) -m pytest -q -m gpu -s tests/test_gpu.py
 
 bench: setup
 	$(VENV)/bin/zeropp bench comm

@@ -33,16 +33,17 @@ def free_port() -> int:
 
 def spawn_ranks(
     fn, world_size: int, args: tuple = (), timeout_s: float = 600.0, threads_per_rank: int = 1,
-    collective_timeout_s: float = 300.0,
+    collective_timeout_s: float = 300.0, backend: str = "gloo",
 ):
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` new gloo ranks; return every
-    rank's result (None for a rank that exited without one). ``collective_timeout_s`` is the
-    world process group's timeout."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` new ranks of a ``backend``
+    process group (gloo; ``"cpu:gloo,cuda:nccl"`` puts rank r on GPU r); return every rank's
+    result (None for a rank that exited without one). ``collective_timeout_s`` is the world
+    process group's timeout."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="zeropp-ranks-") as folder:
         context = mp.start_processes(
             _rank_main,
-            args=(fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s),
+            args=(fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s, backend),
             nprocs=world_size,
             join=False,
             start_method="spawn",
@@ -74,12 +75,14 @@ def _reraise_rank_error(folder: Path, world_size: int, error: Exception) -> None
     raise RuntimeError(f"a rank failed:\n{error}") from None
 
 
-def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s) -> None:
+def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s, backend) -> None:
     torch.set_num_threads(threads_per_rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    if "nccl" in backend:
+        torch.cuda.set_device(rank)
     timeout = timedelta(seconds=collective_timeout_s)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
     exit_code = 0
     try:
         result = fn(rank, world_size, *args)

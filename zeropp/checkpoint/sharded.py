@@ -141,12 +141,16 @@ def commit(model, staging: Path, step: int) -> Path:
 
 
 def _rank_tensors(model, optimizer) -> dict[str, torch.Tensor]:
+    """What this rank's file holds, on CPU (the file format's side of any device)."""
     tensors = {"rng.torch": torch.get_rng_state()}
+    device = model.topology.device
+    if device.type == "cuda":
+        tensors["rng.cuda"] = torch.cuda.get_rng_state(device)
     for index, flat in enumerate(model.flat_params()):
-        tensors[f"{index}.master"] = flat.master.detach().contiguous()
+        tensors[f"{index}.master"] = flat.master.detach().cpu().contiguous()
         for key, value in optimizer.optimizer.state.get(flat.master, {}).items():
             if torch.is_tensor(value):
-                tensors[f"{index}.state.{key}"] = value.detach().contiguous()
+                tensors[f"{index}.state.{key}"] = value.detach().cpu().contiguous()
     return tensors
 
 
@@ -177,6 +181,8 @@ def load_checkpoint(model, optimizer, path: str | Path) -> CheckpointInfo:
     same_layout = metadata["world_size"] == model.topology.world_size
     if same_layout:
         torch.set_rng_state(files.read(rank, "rng.torch"))
+        if model.topology.device.type == "cuda" and "rng.cuda" in files.keys(rank):
+            torch.cuda.set_rng_state(files.read(rank, "rng.cuda"), model.topology.device)
     model.on_weights_changed(include_frozen=True)
     dist.barrier()
     return CheckpointInfo(folder, metadata["step"], metadata["extra"], same_layout)
@@ -187,7 +193,7 @@ def _optimizer_state(flat, rank, metadata, files, state_keys, saved_index) -> di
     for key in sorted(state_keys):
         saved_key = f"{saved_index}.state.{key}"
         if saved_key in files.keys(0) and files.read(0, saved_key).dim() == 0:
-            state[key] = files.read(0, saved_key).clone()  # a scalar such as Adam's step
+            state[key] = files.read(0, saved_key).clone()  # a scalar such as Adam's step (CPU, as torch keeps it)
         else:
-            state[key] = assemble_shard(flat, rank, metadata["flats"], files, f"state.{key}")
+            state[key] = assemble_shard(flat, rank, metadata["flats"], files, f"state.{key}").to(flat.master.device)
     return state
