@@ -3,6 +3,7 @@ by its own initialisation or from safetensors files, never whole on any rank."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +122,38 @@ def init_and_report_with_init_fn(rank, world_size):
 
     ShardedModel(meta_gpt(), Topology.from_environment(ranks_per_node=1), ZeroConfig(), unit_classes=(Block,),
                  init=RunInitializers(init_fn=only_linear))
+
+
+def _status_kib(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(field)
+
+
+def construction_peak(rank, world_size, on_meta):
+    """Peak resident memory added while building and wrapping (bytes), and the model's fp32 size."""
+    topology = Topology.from_environment(ranks_per_node=2)
+    ShardedModel(meta_gpt(), topology, ZeroConfig(), unit_classes=(Block,), init=RunInitializers())  # one-time imports
+    config = GPTConfig(num_layers=8, num_heads=6, embed_dim=384, block_size=64)
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, the peak resident size
+    before = _status_kib("VmRSS")
+    with torch.device("meta" if on_meta else "cpu"):
+        module = GPT(config)
+    model_bytes = 4 * sum(p.numel() for p in module.parameters())
+    init = RunInitializers() if on_meta else None
+    model = ShardedModel(module, topology, ZeroConfig(), unit_classes=(Block,), init=init)
+    peak = (_status_kib("VmHWM") - before) * 1024
+    del model
+    return peak, model_bytes
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak memory is read from Linux /proc")
+def test_no_rank_holds_the_whole_model_while_wrapping_a_meta_model():
+    meta = spawn_ranks(construction_peak, 4, (True,))
+    eager = spawn_ranks(construction_peak, 4, (False,))
+    model_bytes = meta[0][1]
+    for peak, _ in meta:  # a quarter of the model, plus one unit (an eighth) being initialised
+        assert peak < 0.5 * model_bytes, (peak, model_bytes)
+    for peak, _ in eager:  # the whole model, then its flat copy
+        assert peak > model_bytes, (peak, model_bytes)

@@ -91,34 +91,36 @@ class ShardedModel(nn.Module):
         for index, spec in enumerate(specs):
             if self._weight_source is not None:
                 self._weight_source.prepare_unit(index, modules[index], spec.params)
-            flats = []
+            shards = []  # (name, requires_grad, slots, shard): this rank's values, taken first ...
             for requires_grad in (True, False):
                 params = [p for p in spec.params if p.param.requires_grad == requires_grad]
                 if params:
-                    flats.append(self._build_flat(f"{spec.name}:{requires_grad}", params))
-            for flat in flats:
-                for slot in flat.slots:
+                    shards.append((f"{spec.name}:{requires_grad}", requires_grad, *self._shard_values(params)))
+            for _, _, slots, _ in shards:
+                for slot in slots:
                     for use in slot.uses:
                         # Views of the gathered buffer replace it at every forward.
                         del use.module._parameters[use.attr]
+            spec.params.clear()  # ... so the unit's full-size values are freed before its buffers exist
+            flats = [FlatParam(name, requires_grad, slots, shard, self.topology.rank, self.topology.world_size,
+                               self.config.compute_torch_dtype) for name, requires_grad, slots, shard in shards]
             units.append(Unit(index, spec.name, spec.module, flats, is_root=index == 0))
         return units
 
-    def _build_flat(self, name, params) -> FlatParam:
+    def _shard_values(self, params) -> tuple[list, torch.Tensor]:
+        """The flat layout of ``params`` and this rank's shard of it ([shard_numel] fp32)."""
         world_size, rank = self.topology.world_size, self.topology.rank
         slots = make_slots(params, self.config.parameter_alignment)
         extent = slots[-1].offset + slots[-1].numel
         shard_numel = shard_numel_for(extent, world_size, self.config.effective_shard_alignment)
         start = rank * shard_numel
         if self._weight_source is not None:  # the same values on every rank by construction
-            shard = self._weight_source.shard(params, slots, start, shard_numel)
-        elif self.config.sync_module_states:
+            return slots, self._weight_source.shard(params, slots, start, shard_numel)
+        if self.config.sync_module_states:
             full = flatten_params(params, slots, shard_numel * world_size, self.topology.device)
             self._comm.broadcast(full, self._world, source_rank=0, phase="init")
-            shard = full[start : start + shard_numel].clone()
-        else:
-            shard = shard_of_params(params, slots, start, shard_numel, self.topology.device)
-        return FlatParam(name, params, slots, shard, rank, world_size, self.config.compute_torch_dtype)
+            return slots, full[start : start + shard_numel].clone()
+        return slots, shard_of_params(params, slots, start, shard_numel, self.topology.device)
 
     def _broadcast_buffers(self) -> None:
         for buffer in self.module.buffers():

@@ -120,7 +120,7 @@ class FlatParam:
     def __init__(
         self,
         name: str,
-        params: list[ParamInfo],
+        requires_grad: bool,
         slots: list[Slot],
         shard: torch.Tensor,
         rank: int,
@@ -128,7 +128,7 @@ class FlatParam:
         compute_dtype: torch.dtype,
     ) -> None:
         self.name = name
-        self.requires_grad = params[0].param.requires_grad
+        self.requires_grad = requires_grad
         self.compute_dtype = compute_dtype
         self.shard_numel = shard.numel()
         self.padded_numel = shard.numel() * world_size
