@@ -1,7 +1,7 @@
 """Where a wrapped module's starting weights come from when it was built on the meta device.
 
 A ``WeightSource`` is asked, unit by unit, for this rank's shard of each flat buffer, so no
-rank ever holds more than one unit's worth of full weights (docs/design.md section 10).
+rank ever holds more than one unit's worth of full weights (docs/design.md section 9).
 """
 
 from __future__ import annotations
