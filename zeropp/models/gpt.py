@@ -43,6 +43,22 @@ class GPTConfig:
         return cls(**{**GPT_PRESETS[name], **overrides})
 
 
+class KVCache:
+    """Keys and values of the tokens decoded so far, one entry per layer, each
+    [batch, heads, tokens, head_dim]; ``length`` tokens are cached."""
+
+    def __init__(self) -> None:
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.length = 0
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer in self.keys:
+            k, v = torch.cat([self.keys[layer], k], dim=2), torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -51,12 +67,18 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.embed_dim, config.embed_dim)
         self.dropout = config.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.size()  # batch, sequence, embedding
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v))
+        past = 0 if cache is None else cache.length
+        if cache is not None:
+            k, v = cache.extend(layer, k, v)  # (B, nh, past + T, hs)
+        if past and T > 1:
+            raise ValueError("with a filled KV cache, decode one token at a time")
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hs)
+        # The prompt attends causally; one new token attends to everything before it.
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=past == 0)  # (B, nh, T, hs)
         return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -79,8 +101,8 @@ class Block(nn.Module):
         self.ln_mlp = nn.LayerNorm(config.embed_dim)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_attn(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_attn(x), cache, layer)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -124,14 +146,31 @@ class GPT(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy decoding with a KV cache: ``idx`` [batch, prompt] -> [batch, prompt + new]."""
+        cache = KVCache()
+        logits = self(idx, cache=cache)
+        tokens = [idx]
+        for _ in range(max_new_tokens):
+            following = logits[:, -1].argmax(dim=-1, keepdim=True)  # [batch, 1]
+            tokens.append(following)
+            if cache.length >= self.config.block_size:
+                break
+            logits = self(following, cache=cache)
+        return torch.cat(tokens, dim=1)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         B, T = idx.size()  # batch, sequence
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
-        positions = torch.arange(T, device=idx.device)
+        past = 0 if cache is None else cache.length
+        if past + T > self.config.block_size:
+            raise ValueError(f"sequence length {past + T} exceeds block_size={self.config.block_size}")
+        positions = torch.arange(past, past + T, device=idx.device)
         x = self.token_embedding(idx) + self.position_embedding(positions)  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += T
         logits = self.lm_head(self.ln_final(x))  # (B, T, vocab)
         if targets is None:
             return logits
