@@ -32,6 +32,7 @@ from ..sharding.units import modules_by_unit
 from ..topology import Topology
 from . import metrics, state_dict
 from .full_parameters import full_parameters
+from .generation import PinnedUnits, generation_mode
 from .nonfinite import NonfiniteTracker
 from .schedule import ExecutionOrder
 from .unit import Unit
@@ -75,6 +76,7 @@ class ShardedModel(nn.Module):
         self._in_backward = False
         self._pending_reductions: list = []
         self._nonfinite = NonfiniteTracker()
+        self._pinned: PinnedUnits | None = None  # generation mode: units kept gathered
         self._optimizer_stepped = False  # set by any optimizer stepping these parameters
         self._parameter_ids = {id(param) for param in [*self.master_parameters(), *self.parameters()]}
         _watch_optimizer_steps(self)
@@ -141,8 +143,18 @@ class ShardedModel(nn.Module):
     # ----------------------------------------------------------------- public
     def forward(self, *args, **kwargs):
         self._check_inputs(args, kwargs)
-        self._refresh_changed_weights()
         return self.module(*args, **kwargs)
+
+    def generation_mode(self, max_pinned_units: int | None = None):
+        """Context manager: no-grad forwards keep each unit gathered after its first use
+        (the root, and at most ``max_pinned_units`` others, least recently used released
+        first) until the block ends (see :mod:`zeropp.engine.generation`)."""
+        return generation_mode(self, max_pinned_units)
+
+    def generate(self, *args, max_pinned_units: int | None = None, **kwargs):
+        """The wrapped module's ``generate`` (built-in GPT, Hugging Face) in generation mode."""
+        with self.generation_mode(max_pinned_units):
+            return self.module.generate(*args, **kwargs)
 
     def _refresh_changed_weights(self) -> None:
         """Master shards change under an optimizer step (noticed by a step hook: fused
@@ -327,6 +339,8 @@ class ShardedModel(nn.Module):
 
     # ----------------------------------------------------------------- hooks
     def _pre_forward(self, unit: Unit, module, args):
+        if unit.is_root and not self._in_backward:  # also when called as self.module(...), as generate() does
+            self._refresh_changed_weights()
         if not self._in_backward:
             self._forward_order.observe(unit.index)
         self._ensure_gathered(unit)
@@ -342,6 +356,9 @@ class ShardedModel(nn.Module):
         if unit.is_root and not self._in_backward:
             self._forward_order.freeze()
         if self._in_backward:
+            return None
+        if self._pinned is not None and not torch.is_grad_enabled():
+            self._pinned.keep(unit)
             return None
         keep_root = unit.is_root and torch.is_grad_enabled() and not self.config.reshard_root_after_forward
         if not keep_root:

@@ -152,10 +152,10 @@ class GPT(nn.Module):
         cache = KVCache()
         logits = self(idx, cache=cache)
         tokens = [idx]
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             following = logits[:, -1].argmax(dim=-1, keepdim=True)  # [batch, 1]
             tokens.append(following)
-            if cache.length >= self.config.block_size:
+            if step + 1 == max_new_tokens or cache.length >= self.config.block_size:
                 break
             logits = self(following, cache=cache)
         return torch.cat(tokens, dim=1)
