@@ -31,7 +31,8 @@ GRADIENT_SCALE_DTYPES = ("fp32", "bf16")
 
 FIELD_GROUPS: dict[str, tuple[str, ...]] = {
     "precision": ("compute_dtype", "reduce_dtype"),
-    "gather": ("quantized_weights", "weight_bits", "two_hop_weight_gather", "hpz_size", "quantization_block_size"),
+    "gather": ("quantized_weights", "weight_bits", "two_hop_weight_gather", "hpz_size", "quantization_block_size",
+               "quantized_nontrainable_weights"),
     "reduce": ("quantized_gradients", "gradient_bits_intra_node", "gradient_bits_inter_node", "gradient_grid_inter_node",
                "gradient_chunks", "gradient_hadamard", "gradient_error_feedback", "gradient_stochastic_rounding",
                "gradient_scale_dtype"),
@@ -65,6 +66,10 @@ class ZeroConfig:
     """hpZ: ranks per secondary partition group (1 disables; must divide the ranks per node)."""
     quantization_block_size: int = 256
     """Values per quantization block (one fp32 scale each), for weights and gradients."""
+    quantized_nontrainable_weights: bool = False
+    """MixZ++: frozen parameters are gathered block-quantized (``weight_bits``) whatever
+    ``quantized_weights`` says, and with hpZ their packed copy stays inside the node for
+    good: after their first gather they never cross the node link again."""
 
     # --- Gradient reduction (docs/design.md section 5): plain or qgZ and its options.
     quantized_gradients: bool = False
@@ -208,7 +213,7 @@ class ZeroConfig:
     @property
     def parameter_alignment(self) -> int:
         """Each parameter starts on a block boundary when anything is quantized."""
-        if self.quantized_weights or self.quantized_gradients:
+        if self.quantized_weights or self.quantized_gradients or self.quantized_nontrainable_weights:
             return self.quantization_block_size
         return 1
 
@@ -216,7 +221,7 @@ class ZeroConfig:
     def effective_shard_alignment(self) -> int:
         """Shards are whole quantization blocks (qwZ), and whole blocks per qgZ chunk."""
         alignment = self.shard_alignment
-        if self.quantized_weights:
+        if self.quantized_weights or self.quantized_nontrainable_weights:
             alignment = math.lcm(alignment, self.quantization_block_size)
         if self.quantized_gradients:
             alignment = math.lcm(alignment, self.quantization_block_size * self.gradient_chunks)

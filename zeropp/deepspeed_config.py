@@ -26,6 +26,7 @@ ZERO_KEYS = {
     "zero_quantized_weights": "quantized_weights",
     "zero_hpz_partition_size": "hpz_size",
     "zero_quantized_gradients": "quantized_gradients",
+    "zero_quantized_nontrainable_weights": "quantized_nontrainable_weights",
     "overlap_comm": "prefetch",
 }
 TRAINING_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")

@@ -33,10 +33,10 @@ def predicted_step_bytes(
     gather, reduction = select_weight_gather(config), select_gradient_reduction(config)
     totals = {phase: Traffic() for phase in PHASES}
     for flat in flats:
-        shard = flat.shard_numel
-        totals["forward_gather"] += gather.predicted_bytes(shard, layout, rank, "forward_gather")
+        shard, flat_gather = flat.shard_numel, gather.for_flat(flat.requires_grad)
+        totals["forward_gather"] += flat_gather.predicted_bytes(shard, layout, rank, "forward_gather")
         if not flat.is_root or config.reshard_root_after_forward:
-            totals["backward_gather"] += gather.predicted_bytes(shard, layout, rank, "backward_gather")
+            totals["backward_gather"] += flat_gather.predicted_bytes(shard, layout, rank, "backward_gather")
         if flat.requires_grad:
             totals["reduce_scatter"] += reduction.predicted_bytes(shard, layout, rank, backend)
     return {phase: total.as_row() for phase, total in totals.items()}

@@ -19,7 +19,8 @@ def predicted_bytes(model) -> dict[str, dict[str, int]]:
 def weight_quantization_error(model) -> float | None:
     """Relative L2 error of the gathered weights against the fp32 masters over the whole
     model (collective); None when the gather quantizes nothing."""
-    if not model.active_config.quantized_weights:
+    config = model.active_config
+    if not (config.quantized_weights or config.quantized_nontrainable_weights):
         return None
     sums = torch.tensor(model.weight_gather.quantization_error_sums(model.flat_params()), dtype=torch.float64,
                         device=model.topology.device)

@@ -3,10 +3,12 @@ that maps a config onto them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..config import ZeroConfig
 from .base import WeightGather
+from .by_trainability import ByTrainability, ResidentSecondary
 from .plain import PlainGather
 from .quantized import QuantizedGather
 from .secondary import SecondaryGather
@@ -28,8 +30,19 @@ def select_weight_gather(config: ZeroConfig, topology: "Topology | None" = None,
     else:
         primary = PlainGather(config, topology, communicator)
     if config.hpz_size > 1:
-        return SecondaryGather(primary, config, topology, communicator)
+        primary = SecondaryGather(primary, config, topology, communicator)
+    if config.quantized_nontrainable_weights:
+        return ByTrainability(primary, _frozen_gather(config, topology, communicator))
     return primary
 
 
-__all__ = ["PlainGather", "QuantizedGather", "SecondaryGather", "TwoHopGather", "WeightGather", "select_weight_gather"]
+def _frozen_gather(config: ZeroConfig, topology, communicator) -> WeightGather:
+    """MixZ++: frozen flats gathered quantized, their hpZ copy kept inside the node for good."""
+    quantized = replace(config, quantized_weights=True, two_hop_weight_gather=False)
+    gather = QuantizedGather(quantized, topology, communicator)
+    if config.hpz_size > 1:
+        return ResidentSecondary(gather, quantized, topology, communicator)
+    return gather
+
+
+__all__ = ["ByTrainability", "PlainGather", "ResidentSecondary", "QuantizedGather", "SecondaryGather", "TwoHopGather", "WeightGather", "select_weight_gather"]

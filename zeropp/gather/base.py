@@ -66,6 +66,10 @@ class WeightGather:
         its fp32 masters; (0, 0) when nothing is quantized."""
         return 0.0, 0.0
 
+    def for_flat(self, requires_grad: bool) -> "WeightGather":
+        """The gather a flat of this trainability uses (MixZ++ splits them)."""
+        return self
+
     # ------------------------------------------------------------------ bytes
     def chunk_bytes(self, shard_numel: int) -> int:
         """Bytes of one shard as a complete gathered buffer carries it."""
