@@ -147,20 +147,28 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Greedy decoding with a KV cache: ``idx`` [batch, prompt] -> [batch, prompt + new]."""
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Decoding with a KV cache: ``idx`` [batch, prompt] -> [batch, prompt + new];
+        greedy at temperature 0, else sampled from softmax(logits / temperature)."""
         cache = KVCache()
         logits = self(idx, cache=cache)
         tokens = [idx]
         for step in range(max_new_tokens):
-            following = logits[:, -1].argmax(dim=-1, keepdim=True)  # [batch, 1]
+            last = logits[:, -1].float()  # [batch, vocab]
+            if temperature > 0:
+                probabilities = torch.softmax(last / temperature, dim=-1)
+                following = torch.multinomial(probabilities, 1, generator=generator)  # [batch, 1]
+            else:
+                following = last.argmax(dim=-1, keepdim=True)
             tokens.append(following)
             if step + 1 == max_new_tokens or cache.length >= self.config.block_size:
                 break
             logits = self(following, cache=cache)
         return torch.cat(tokens, dim=1)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
+    def features(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The final hidden states, [batch, seq, embed_dim] (what the LM head reads)."""
         B, T = idx.size()  # batch, sequence
         past = 0 if cache is None else cache.length
         if past + T > self.config.block_size:
@@ -171,7 +179,10 @@ class GPT(nn.Module):
             x = block(x, cache, layer)
         if cache is not None:
             cache.length += T
-        logits = self.lm_head(self.ln_final(x))  # (B, T, vocab)
+        return self.ln_final(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
+        logits = self.lm_head(self.features(idx, cache))  # (B, T, vocab)
         if targets is None:
             return logits
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
