@@ -60,3 +60,16 @@ def write_safetensors(output: str | Path, layout: list[tuple[str, list[int]]], v
 def model_bytes(metadata: dict) -> int:
     """fp32 bytes of the model's distinct parameters (tied weights once)."""
     return sum(4 * math.prod(slot["shape"]) for flat in metadata["flats"] for slot in flat["slots"])
+
+
+def export_model(model, path: str | Path) -> Path | None:
+    """Collective: a wrapped model's whole fp32 parameters and buffers as one safetensors
+    file, written by rank 0 (None elsewhere); what ``LoadSafetensors`` reads back."""
+    state = model.full_state_dict(rank0_only=True)
+    if model.topology.rank != 0:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = sorted(state)
+    return write_safetensors(path, [(name, list(state[name].shape)) for name in names],
+                             (state[name] for name in names), {"format": "pt"})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.export import write_safetensors
+from ..checkpoint.export import export_model
 from ..data import ByteCorpus, load_stdlib_corpus
 from ..engine import ShardedModel
 from ..models import GPT, Block
@@ -71,10 +71,5 @@ def _checked_corpus(tokens: torch.Tensor, seq_len: int) -> ByteCorpus:
 
 
 def _export_gpt(model: ShardedModel, folder: str) -> None:
-    """The built-in GPT as ``folder/model.safetensors`` (its full state dict, rank 0)."""
-    state = model.full_state_dict(rank0_only=True)
-    if model.topology.rank == 0:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        names = sorted(state)
-        write_safetensors(Path(folder) / "model.safetensors", [(n, list(state[n].shape)) for n in names],
-                          (state[n] for n in names), {"format": "pt"})
+    """The built-in GPT as ``folder/model.safetensors``."""
+    export_model(model, Path(folder) / "model.safetensors")

@@ -51,6 +51,10 @@ def _dispatch(arguments, argv: list[str] | None) -> int:
         return _run_export(arguments)
     if arguments.command == "cluster":
         return _run_cluster(arguments)
+    if arguments.command == "rlhf":
+        from zeropp_tools.rlhf.cli import run_rlhf
+
+        return run_rlhf(arguments)
     if arguments.command == "plan":
         from zeropp_tools import plan as planner
 

@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .logs import LOG_LEVELS
 from .train_flags import add_train_arguments
 from .values import MODEL_SIZES, PRECISIONS, positive_float, positive_int
+from ..rlhf.flags import add_rlhf_arguments
 
 OVERVIEW = """\
 ZeRO-3 and ZeRO++ sharded data parallel training, benchmarks and studies.
@@ -56,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(commands)
     _add_study(commands)
     _add_bench(commands)
+    add_rlhf_arguments(_subcommand(
+        commands, "rlhf", "RLHF: SFT, a reward model, PPO over four sharded models",
+        "Supervised fine-tuning of the GPT on the corpus, a reward model trained on preference pairs\n"
+        "(real continuation over shuffled), then PPO with actor and critic trained and the reference and\n"
+        "reward models frozen, all sharded on 4 CPU ranks as 2 nodes x 2. Metrics and a plot in --out.",
+    ))
     return parser
 
 

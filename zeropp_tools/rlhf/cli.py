@@ -1,0 +1,44 @@
+"""``zeropp rlhf sft|reward|ppo|all``: the RLHF pipeline on 4 spawned CPU ranks (2 x 2)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from zeropp import ZeroConfig
+from zeropp.launch import spawn_ranks
+
+from .pipeline import RLHFConfig, run_ppo, run_reward, run_sft, summarize, write_report
+
+logger = logging.getLogger(__name__)
+WORLD_SIZE = 4
+STAGE_FUNCTIONS = {"sft": run_sft, "reward": run_reward, "ppo": run_ppo}
+
+
+def rlhf_config(arguments) -> RLHFConfig:
+    zero = ZeroConfig(quantized_weights=arguments.qwz, hpz_size=arguments.hpz, quantized_gradients=arguments.qgz,
+                      quantized_nontrainable_weights=arguments.mixz)
+    return RLHFConfig(out=arguments.out, model_size=arguments.model, sft_steps=arguments.sft_steps,
+                      reward_steps=arguments.reward_steps, ppo_iterations=arguments.iterations,
+                      rollouts_per_rank=arguments.rollouts_per_rank, kl_coefficient=arguments.kl,
+                      seed=arguments.seed, zero=zero)
+
+
+def run_rlhf(arguments) -> int:
+    config = rlhf_config(arguments)
+    stages = ("sft", "reward", "ppo") if arguments.stage == "all" else (arguments.stage,)
+    results = {}
+    for stage in stages:
+        # SFT and the reward model train without ZeRO++ options: they are not what is compared.
+        stage_config = config if stage == "ppo" else replace(config, zero=ZeroConfig())
+        logger.info("rlhf %s on %d ranks (2 nodes x 2)", stage, WORLD_SIZE)
+        results[stage] = spawn_ranks(STAGE_FUNCTIONS[stage], WORLD_SIZE, (stage_config,), timeout_s=24 * 3600)[0]
+        if stage == "reward":
+            logger.info("reward model: held-out pair accuracy %.3f", results[stage]["held_out_accuracy"])
+        if stage == "sft":
+            logger.info("sft: validation loss %.3f", results[stage]["validation_loss"])
+    if "ppo" in results:
+        results["ppo"]["summary"] = summarize(results["ppo"]["records"])
+        logger.info("ppo: %s", results["ppo"]["summary"])
+    write_report(config, results)
+    return 0

@@ -1,0 +1,23 @@
+"""The flags of ``zeropp rlhf`` (kept apart from the pipeline so ``--help`` stays light)."""
+
+from __future__ import annotations
+
+from ..cli.values import MODEL_SIZES, positive_float, positive_int
+
+STAGES = ("sft", "reward", "ppo", "all")
+
+
+def add_rlhf_arguments(parser) -> None:
+    parser.add_argument("stage", choices=STAGES, help="one stage (each reads the previous one's weights), or all three")
+    parser.add_argument("--out", default="runs/rlhf", help="folder for weights, metrics, plot")
+    parser.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size of all four models")
+    parser.add_argument("--sft-steps", type=positive_int, default=200)
+    parser.add_argument("--reward-steps", type=positive_int, default=300)
+    parser.add_argument("--iterations", type=positive_int, default=40, help="PPO iterations")
+    parser.add_argument("--rollouts-per-rank", type=positive_int, default=16)
+    parser.add_argument("--kl", type=positive_float, default=0.05, help="KL penalty coefficient to the reference")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--qwz", action="store_true", help="INT8 weight gathers for all four models")
+    parser.add_argument("--hpz", type=positive_int, default=1, help="hpZ partition size (2: the whole node)")
+    parser.add_argument("--qgz", action="store_true", help="INT4 gradient reduce-scatter for actor and critic")
+    parser.add_argument("--mixz", action="store_true", help="MixZ++: frozen models INT8 and resident in the node")

@@ -1,0 +1,249 @@
+"""``zeropp rlhf``: supervised fine-tuning, a reward model, then PPO with the actor and
+critic trained and the reference and reward models frozen, all four sharded by zeropp.
+
+Each stage is a function run on every rank; each reads the previous stage's weights from
+``out`` (safetensors) straight into its shards.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
+from zeropp.checkpoint import export_model
+from zeropp.data import ByteCorpus, load_stdlib_corpus
+from zeropp.models import Block, GPTConfig
+from zeropp.train import TrainConfig, train
+
+from . import data, ppo
+from .models import ScalarHead, load_sharded
+
+@dataclass(frozen=True)
+class RLHFConfig:
+    out: str = "runs/rlhf"
+    model_size: str = "small"
+    ranks_per_node: int = 2
+    seed: int = 0
+    prompt_length: int = 16
+    continuation_length: int = 16
+    sft_steps: int = 200
+    reward_steps: int = 300
+    reward_batch_per_rank: int = 16
+    reward_lr: float = 1e-3
+    ppo_iterations: int = 40
+    rollouts_per_rank: int = 16
+    ppo_epochs: int = 2
+    actor_lr: float = 2e-4
+    critic_lr: float = 1e-3
+    kl_coefficient: float = 0.05
+    clip: float = 0.2
+    value_clip: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    temperature: float = 1.0
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+
+    def gpt_config(self) -> GPTConfig:
+        return GPTConfig.preset(self.model_size)
+
+    def path(self, stage: str) -> Path:
+        return Path(self.out) / stage / "model.safetensors"
+
+
+def run_sft(rank: int, world_size: int, config: RLHFConfig) -> dict:
+    """The actor learns the corpus (a short run: PPO has room to improve it)."""
+    settings = TrainConfig(model_size=config.model_size, steps=config.sft_steps, batch_per_rank=8, seq_len=64,
+                           learning_rate=2e-3, warmup_steps=10, eval_every=config.sft_steps, seed=config.seed,
+                           ranks_per_node=config.ranks_per_node, export_dir=str(config.path("sft").parent),
+                           zero=config.zero)
+    summary = train(rank, world_size, settings)
+    return {"validation_loss": summary["validation_loss"], "final_train_loss": summary["final_train_loss"]}
+
+
+def run_reward(rank: int, world_size: int, config: RLHFConfig) -> dict:
+    """A scalar head on the SFT body, trained so the real continuation outscores the shuffled one."""
+    topology = Topology.from_environment(config.ranks_per_node)
+    torch.manual_seed(config.seed)
+    module = ScalarHead(config.gpt_config())
+    module.gpt.load_state_dict(load_file(config.path("sft")))
+    model = ShardedModel(module.to(topology.device), topology, config.zero, unit_classes=(Block,))
+    optimizer = ShardedOptimizer(model, lambda params: torch.optim.AdamW(params, lr=config.reward_lr))
+    corpus = ByteCorpus(load_stdlib_corpus())
+    losses = []
+    for step in range(config.reward_steps):
+        chosen, rejected = _rank_rows(config, corpus, "train", step, rank, world_size)
+        chosen_scores, rejected_scores = _scores(model, torch.cat([chosen, rejected])).chunk(2)
+        loss = -torch.nn.functional.logsigmoid(chosen_scores - rejected_scores).mean()  # Bradley-Terry
+        loss.backward()
+        optimizer.clip_grad_norm_(1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(_mean_over_ranks(loss.detach()))
+    accuracy = _pair_accuracy(model, config, corpus, rank, world_size)
+    export_model(model, config.path("reward"))
+    return {"losses": losses, "held_out_accuracy": accuracy}
+
+
+def _rank_rows(config, corpus, split, index, rank, world_size):
+    count = config.reward_batch_per_rank
+    chosen, rejected = data.preference_pairs(corpus, split, index, count * world_size, config.prompt_length,
+                                             config.continuation_length, config.seed)
+    rows = slice(rank * count, (rank + 1) * count)
+    return chosen[rows], rejected[rows]
+
+
+def _scores(model, sequences: torch.Tensor) -> torch.Tensor:
+    return model(sequences.to(model.topology.device))[:, -1]  # the score is read at the last token
+
+
+@torch.no_grad()
+def _pair_accuracy(model, config, corpus, rank, world_size, batches: int = 8) -> float:
+    correct = torch.zeros((), device=model.topology.device)
+    for index in range(batches):
+        chosen, rejected = _rank_rows(config, corpus, "validation", index, rank, world_size)
+        chosen_scores, rejected_scores = _scores(model, torch.cat([chosen, rejected])).chunk(2)
+        correct += (chosen_scores > rejected_scores).float().mean()
+    return _mean_over_ranks(correct) / batches
+
+
+def _mean_over_ranks(value: torch.Tensor) -> float:
+    total = value.detach().float().clone()
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
+def run_ppo(rank: int, world_size: int, config: RLHFConfig) -> dict:
+    topology = Topology.from_environment(config.ranks_per_node)
+    gpt = config.gpt_config()
+    actor = load_sharded("gpt", gpt, config.path("sft"), topology, config.zero, trainable=True)
+    reference = load_sharded("gpt", gpt, config.path("sft"), topology, config.zero, trainable=False)
+    critic = load_sharded("scalar", gpt, config.path("reward"), topology, config.zero, trainable=True)
+    reward = load_sharded("scalar", gpt, config.path("reward"), topology, config.zero, trainable=False)
+    actor_optimizer = ShardedOptimizer(actor, lambda params: torch.optim.AdamW(params, lr=config.actor_lr))
+    critic_optimizer = ShardedOptimizer(critic, lambda params: torch.optim.AdamW(params, lr=config.critic_lr))
+    corpus = ByteCorpus(load_stdlib_corpus())
+    bigrams = data.bigram_log_probs(corpus)
+    generator = torch.Generator(device=topology.device).manual_seed(config.seed * 1000 + rank)
+    models = (actor, reference, critic, reward)
+    records = []
+    for iteration in range(config.ppo_iterations):
+        for model in models:
+            model.comm_log.reset()
+        record = _ppo_iteration(config, corpus, bigrams, generator, models, (actor_optimizer, critic_optimizer),
+                                iteration, rank, world_size)
+        record["inter_node_bytes"] = {name: _crossed(model) for name, model in zip(
+            ("actor", "reference", "critic", "reward"), models)}
+        records.append(record)
+    return {"records": records}
+
+
+def _crossed(model) -> int:
+    totals = torch.tensor(float(model.comm_log.totals().get("received_inter_node", 0)), device=model.topology.device)
+    dist.all_reduce(totals)
+    return int(totals.item())
+
+
+def _ppo_iteration(config, corpus, bigrams, generator, models, optimizers, iteration, rank, world_size) -> dict:
+    actor, reference, critic, reward = models
+    device = actor.topology.device
+    count, start = config.rollouts_per_rank, config.prompt_length
+    prompt = data.prompts(corpus, "train", iteration, count * world_size, start, config.seed)
+    prompt = prompt[rank * count : (rank + 1) * count].to(device)
+    began = time.perf_counter()
+    sequences = actor.generate(prompt, config.continuation_length, temperature=config.temperature,
+                               generator=generator)  # [count, prompt + continuation]
+    generated = time.perf_counter()
+    with torch.no_grad():
+        old_log_probs = _generated_log_probs(actor, sequences, start)
+        reference_log_probs = _generated_log_probs(reference, sequences, start)
+        old_values = critic(sequences)[:, start - 1 : -1]
+        score = reward(sequences)[:, -1]
+    rewards = ppo.kl_shaped_rewards(score, old_log_probs, reference_log_probs, config.kl_coefficient)
+    advantages, returns = ppo.generalized_advantages(rewards, old_values, config.gamma, config.lam)
+    advantages = ppo.whiten(advantages)
+    scored = time.perf_counter()
+    for _ in range(config.ppo_epochs):
+        loss = ppo.policy_loss(_generated_log_probs(actor, sequences, start), old_log_probs, advantages, config.clip)
+        loss.backward()
+        values = critic(sequences)[:, start - 1 : -1]
+        ppo.value_loss(values, old_values, returns, config.value_clip).backward()
+        for model, optimizer in zip((actor, critic), optimizers):
+            optimizer.clip_grad_norm_(1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+    trained = time.perf_counter()
+    kl = (old_log_probs - reference_log_probs).sum(dim=1).mean()
+    return {
+        "iteration": iteration, "reward": _mean_over_ranks(score.mean()), "kl": _mean_over_ranks(kl),
+        "bigram_log_prob": _mean_over_ranks(data.bigram_score(bigrams, sequences, start).mean().to(device)),
+        "generation_s": generated - began, "scoring_s": scored - generated, "training_s": trained - scored,
+        "tokens_generated": count * world_size * config.continuation_length,
+        "sample": bytes(sequences[0].tolist()).decode("utf-8", errors="replace") if rank == 0 else None,
+    }
+
+
+def _generated_log_probs(model, sequences: torch.Tensor, start: int) -> torch.Tensor:
+    """log pi(token) of each generated token, [batch, continuation]."""
+    logits = model(sequences[:, :-1])[:, start - 1 :]
+    return ppo.token_log_probs(logits, sequences[:, start:])
+
+
+def summarize(records: list[dict]) -> dict:
+    """The PPO run's verdict inputs: first and last fifth of the iterations."""
+    fifth = max(1, len(records) // 5)
+    first, last = records[:fifth], records[-fifth:]
+
+    def mean(rows, key):
+        return statistics.fmean(row[key] for row in rows)
+
+    return {
+        "reward_first": mean(first, "reward"), "reward_last": mean(last, "reward"),
+        "bigram_first": mean(first, "bigram_log_prob"), "bigram_last": mean(last, "bigram_log_prob"),
+        "kl_last": mean(last, "kl"), "kl_max": max(row["kl"] for row in records),
+        "generation_s": statistics.median(row["generation_s"] for row in records),
+        "scoring_s": statistics.median(row["scoring_s"] for row in records),
+        "training_s": statistics.median(row["training_s"] for row in records),
+    }
+
+
+def write_report(config: RLHFConfig, results: dict) -> None:
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(replace(config)), indent=2, default=str) + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if "ppo" in results:
+        with open(out / "ppo.jsonl", "w") as handle:
+            for record in results["ppo"]["records"]:
+                handle.write(json.dumps(record) + "\n")
+        _plot(results["ppo"]["records"], out / "ppo.png")
+
+
+def _plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    iterations = [row["iteration"] for row in records]
+    figure, axes = plt.subplots(1, 4, figsize=(16, 3.5))
+    for axis, key, title in zip(axes, ("reward", "kl", "bigram_log_prob"),
+                                ("reward model score", "KL to reference (nats / rollout)",
+                                 "bigram log-prob / byte (independent)")):
+        axis.plot(iterations, [row[key] for row in records])
+        axis.set_title(title)
+        axis.set_xlabel("PPO iteration")
+    for key in ("generation_s", "scoring_s", "training_s"):
+        axes[3].plot(iterations, [row[key] for row in records], label=key.removesuffix("_s"))
+    axes[3].set_title("seconds per iteration (rank 0)")
+    axes[3].legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
