@@ -152,6 +152,14 @@ def _add_bench(commands) -> None:
                             help="training steps whose gradients are measured")
     grad_error.add_argument("--out", default="runs/bench/gradient_error.json", help="JSON file for the report")
     _add_bench_throughput(bench)
+    rlhf = _subcommand(bench, "rlhf", "PPO iterations on the emulated cluster: ZeRO-3 per-token, ZeRO-3 pinned, "
+                                      "ZeRO++ with MixZ++ (root)")
+    rlhf.add_argument("--bandwidths", default="none,1000,200", help="comma-separated Mbit/s per link (none: unshaped)")
+    rlhf.add_argument("--repetitions", type=positive_int, default=2, help="interleaved repetitions of each cell")
+    rlhf.add_argument("--iterations", type=positive_int, default=6, help="PPO iterations per run (the first not counted)")
+    rlhf.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size of all four models")
+    rlhf.add_argument("--weights", default="runs/rlhf", help="folder with sft/ and reward/ (made if missing)")
+    rlhf.add_argument("--out", default="runs/bench/rlhf", help="folder for rlhf.json, rlhf.md and rlhf.png")
     faults = _subcommand(bench, "faults", "inject faults into real runs (link, node, disk, soak) and record the outcome")
     faults.add_argument("--scenarios", default="link_flap,link_down,node_killed,disk_full,soak",
                         help="comma-separated scenarios: link_flap, link_down, node_killed, disk_full, soak")

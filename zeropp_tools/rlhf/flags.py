@@ -10,6 +10,8 @@ STAGES = ("sft", "reward", "ppo", "all")
 def add_rlhf_arguments(parser) -> None:
     parser.add_argument("stage", choices=STAGES, help="one stage (each reads the previous one's weights), or all three")
     parser.add_argument("--out", default="runs/rlhf", help="folder for weights, metrics, plot")
+    parser.add_argument("--weights", default=None,
+                        help="folder with sft/ and reward/ weights from earlier stages (default: --out)")
     parser.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size of all four models")
     parser.add_argument("--sft-steps", type=positive_int, default=200)
     parser.add_argument("--reward-steps", type=positive_int, default=300)
@@ -21,3 +23,5 @@ def add_rlhf_arguments(parser) -> None:
     parser.add_argument("--hpz", type=positive_int, default=1, help="hpZ partition size (2: the whole node)")
     parser.add_argument("--qgz", action="store_true", help="INT4 gradient reduce-scatter for actor and critic")
     parser.add_argument("--mixz", action="store_true", help="MixZ++: frozen models INT8 and resident in the node")
+    parser.add_argument("--per-token-gathers", action="store_true",
+                        help="generate without generation mode: every unit gathered again for every token")

@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
 from zeropp.checkpoint import export_model
 from zeropp.data import ByteCorpus, load_stdlib_corpus
+from zeropp.engine.generation import gathered_bytes
+from zeropp.memory import process_resources
 from zeropp.models import Block, GPTConfig
 from zeropp.train import TrainConfig, train
 
@@ -29,6 +31,7 @@ from .models import ScalarHead, load_sharded
 @dataclass(frozen=True)
 class RLHFConfig:
     out: str = "runs/rlhf"
+    weights: str | None = None  # where the sft/ and reward/ weights are (default: out)
     model_size: str = "small"
     ranks_per_node: int = 2
     seed: int = 0
@@ -49,13 +52,14 @@ class RLHFConfig:
     gamma: float = 1.0
     lam: float = 0.95
     temperature: float = 1.0
+    pinned_generation: bool = True  # generation mode (each unit gathered once per generate call)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
 
     def gpt_config(self) -> GPTConfig:
         return GPTConfig.preset(self.model_size)
 
     def path(self, stage: str) -> Path:
-        return Path(self.out) / stage / "model.safetensors"
+        return Path(self.weights or self.out) / stage / "model.safetensors"
 
 
 def run_sft(rank: int, world_size: int, config: RLHFConfig) -> dict:
@@ -157,10 +161,16 @@ def _ppo_iteration(config, corpus, bigrams, generator, models, optimizers, itera
     count, start = config.rollouts_per_rank, config.prompt_length
     prompt = data.prompts(corpus, "train", iteration, count * world_size, start, config.seed)
     prompt = prompt[rank * count : (rank + 1) * count].to(device)
+    resting = process_resources()["rss_bytes"]
     began = time.perf_counter()
-    sequences = actor.generate(prompt, config.continuation_length, temperature=config.temperature,
-                               generator=generator)  # [count, prompt + continuation]
+    with actor.generation_mode() if config.pinned_generation else torch.no_grad():
+        sequences = actor.module.generate(prompt, config.continuation_length, temperature=config.temperature,
+                                          generator=generator)  # [count, prompt + continuation]
+        pinned = gathered_bytes(actor)  # what generation mode holds at its end: every unit
+        in_generation = process_resources()["rss_bytes"]
     generated = time.perf_counter()
+    memory = {"resting_rss": resting, "generation_rss": in_generation, "released_rss": process_resources()["rss_bytes"],
+              "pinned_gathered_bytes": pinned, "released_gathered_bytes": gathered_bytes(actor)}
     with torch.no_grad():
         old_log_probs = _generated_log_probs(actor, sequences, start)
         reference_log_probs = _generated_log_probs(reference, sequences, start)
@@ -181,11 +191,13 @@ def _ppo_iteration(config, corpus, bigrams, generator, models, optimizers, itera
             optimizer.zero_grad()
     trained = time.perf_counter()
     kl = (old_log_probs - reference_log_probs).sum(dim=1).mean()
+    gain = data.order_gain(bigrams, sequences, start, seed=iteration)
     return {
         "iteration": iteration, "reward": _mean_over_ranks(score.mean()), "kl": _mean_over_ranks(kl),
+        "order_gain": _mean_over_ranks(gain.mean().to(device)),
         "bigram_log_prob": _mean_over_ranks(data.bigram_score(bigrams, sequences, start).mean().to(device)),
         "generation_s": generated - began, "scoring_s": scored - generated, "training_s": trained - scored,
-        "tokens_generated": count * world_size * config.continuation_length,
+        "tokens_generated": count * world_size * config.continuation_length, "memory": memory,
         "sample": bytes(sequences[0].tolist()).decode("utf-8", errors="replace") if rank == 0 else None,
     }
 
@@ -207,10 +219,17 @@ def summarize(records: list[dict]) -> dict:
     return {
         "reward_first": mean(first, "reward"), "reward_last": mean(last, "reward"),
         "bigram_first": mean(first, "bigram_log_prob"), "bigram_last": mean(last, "bigram_log_prob"),
+        "order_gain_first": mean(first, "order_gain"), "order_gain_last": mean(last, "order_gain"),
         "kl_last": mean(last, "kl"), "kl_max": max(row["kl"] for row in records),
         "generation_s": statistics.median(row["generation_s"] for row in records),
         "scoring_s": statistics.median(row["scoring_s"] for row in records),
         "training_s": statistics.median(row["training_s"] for row in records),
+        "rss_in_generation_over_resting": statistics.median(
+            row["memory"]["generation_rss"] / row["memory"]["resting_rss"] for row in records),
+        "rss_released_over_resting": statistics.median(
+            row["memory"]["released_rss"] / row["memory"]["resting_rss"] for row in records),
+        "pinned_gathered_bytes": max(row["memory"]["pinned_gathered_bytes"] for row in records),
+        "released_gathered_bytes": max(row["memory"]["released_gathered_bytes"] for row in records),
     }
 
 
@@ -233,17 +252,17 @@ def _plot(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     iterations = [row["iteration"] for row in records]
-    figure, axes = plt.subplots(1, 4, figsize=(16, 3.5))
-    for axis, key, title in zip(axes, ("reward", "kl", "bigram_log_prob"),
+    figure, axes = plt.subplots(1, 5, figsize=(20, 3.5))
+    for axis, key, title in zip(axes, ("reward", "kl", "order_gain", "bigram_log_prob"),
                                 ("reward model score", "KL to reference (nats / rollout)",
-                                 "bigram log-prob / byte (independent)")):
+                                 "order gain (independent, nats / byte)", "bigram log-prob / byte")):
         axis.plot(iterations, [row[key] for row in records])
         axis.set_title(title)
         axis.set_xlabel("PPO iteration")
     for key in ("generation_s", "scoring_s", "training_s"):
-        axes[3].plot(iterations, [row[key] for row in records], label=key.removesuffix("_s"))
-    axes[3].set_title("seconds per iteration (rank 0)")
-    axes[3].legend()
+        axes[4].plot(iterations, [row[key] for row in records], label=key.removesuffix("_s"))
+    axes[4].set_title("seconds per iteration (rank 0)")
+    axes[4].legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
