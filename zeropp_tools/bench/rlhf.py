@@ -40,20 +40,25 @@ def ppo_arguments(weights: Path, out: Path, model: str, iterations: int, variant
 
 
 def measure(results_json: Path, link_bytes: list[dict]) -> dict:
-    records = json.loads(results_json.read_text())["ppo"]["records"][1:]  # the first iteration warms up
+    every = json.loads(results_json.read_text())["ppo"]["records"]
+    records = every[1:]  # the first iteration warms up
 
     def median(key):
         return statistics.median(row[key] for row in records)
 
     whole = statistics.median(row["generation_s"] + row["scoring_s"] + row["training_s"] for row in records)
-    accounted = sum(sum(row["inter_node_bytes"].values()) for row in records)
+    accounted = sum(sum(row["inter_node_bytes"].values()) for row in every)
     return {
         "generation_tokens_per_s": statistics.median(row["tokens_generated"] / row["generation_s"] for row in records),
         "generation_s": median("generation_s"), "scoring_s": median("scoring_s"), "training_s": median("training_s"),
         "iteration_s": whole,
+        "rss_in_generation_over_resting": statistics.median(
+            row["memory"]["generation_rss"] / row["memory"]["resting_rss"] for row in records),
+        "rss_released_over_resting": statistics.median(
+            row["memory"]["released_rss"] / row["memory"]["resting_rss"] for row in records),
         "inter_node_bytes_per_iteration": {name: statistics.median(row["inter_node_bytes"][name] for row in records)
                                            for name in records[0]["inter_node_bytes"]},
-        "accounted_inter_node_bytes_after_first": accounted,
+        "accounted_inter_node_bytes": accounted,  # every iteration; the link also carried start-up
         "link_rx_bytes_whole_run": sum(counters["rx_bytes"] for counters in link_bytes),
     }
 
@@ -68,8 +73,11 @@ def run(weights: Path, out: Path, bandwidths: list[int | None], repetitions: int
             for variant in order:
                 folder = out / "runs" / f"{variant}-{bandwidth or 'unshaped'}-{repetition}"
                 spec = ClusterSpec(2, 2, bandwidth_mbit=bandwidth)
+                # Large blocks from mmap: freed gathered buffers leave the resident set at once,
+                # so "released memory returns to the resting level" is visible in RSS too.
                 result = run_on_cluster(spec, ppo_arguments(weights, folder, model, iterations, variant),
-                                        timeout_s=3600, logs=folder / "logs")
+                                        timeout_s=3600, logs=folder / "logs",
+                                        environment={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)})
                 if result["exit_codes"] != [0, 0]:
                     raise RuntimeError(f"{variant} at {bandwidth} Mbit/s failed:\n{result['output'][-3000:]}")
                 row = {"variant": variant, "bandwidth_mbit": bandwidth, "repetition": repetition,
@@ -96,6 +104,18 @@ def ratios(rows: list[dict]) -> dict:
     return table
 
 
+def rebuild(out: Path) -> dict:
+    """The rows again from the finished runs' files (after a change to ``measure``)."""
+    stored = json.loads((out / "rlhf.json").read_text())
+    rows = []
+    for row in stored["rows"]:
+        folder = out / "runs" / f"{row['variant']}-{row['bandwidth_mbit'] or 'unshaped'}-{row['repetition']}"
+        link = [{"rx_bytes": row["link_rx_bytes_whole_run"]}]
+        rows.append({key: row[key] for key in ("variant", "bandwidth_mbit", "repetition")}
+                    | measure(folder / "results.json", link))
+    return {"provenance": stored["provenance"], "rows": rows}
+
+
 def write_report(result: dict, out: Path) -> None:
     table = ratios(result["rows"])
     result = {**result, "ratios": table}
@@ -107,13 +127,15 @@ def write_report(result: dict, out: Path) -> None:
         lines.append(f"| {label} | {row['generation_c_over_b']:.2f}x | {row['generation_c_over_a']:.2f}x | "
                      f"{row['training_zeropp_over_zero3']:.2f}x | {row['iteration_zeropp_over_zero3_pinned']:.2f}x |")
     lines += ["", "| variant | link | rep | gen tokens/s | generation s | scoring s | training s | iteration s | "
-              "cross-node MB/iteration (accounted) | link rx MB (whole run) |", "|---" * 10 + "|"]
+              "cross-node MB/iteration | accounted MB, run | link rx MB, run | RSS generating / released vs resting |",
+              "|---" * 12 + "|"]
     for row in result["rows"]:
         crossing = sum(row["inter_node_bytes_per_iteration"].values()) / 1e6
         lines.append(f"| {row['variant']} | {row['bandwidth_mbit'] or 'unshaped'} | {row['repetition']} | "
                      f"{row['generation_tokens_per_s']:,.0f} | {row['generation_s']:.3f} | {row['scoring_s']:.3f} | "
-                     f"{row['training_s']:.3f} | {row['iteration_s']:.3f} | {crossing:.2f} | "
-                     f"{row['link_rx_bytes_whole_run'] / 1e6:.1f} |")
+                     f"{row['training_s']:.3f} | {row['iteration_s']:.3f} | {crossing:,.1f} | "
+                     f"{row['accounted_inter_node_bytes'] / 1e6:,.1f} | {row['link_rx_bytes_whole_run'] / 1e6:,.1f} | "
+                     f"{row['rss_in_generation_over_resting']:.3f} / {row['rss_released_over_resting']:.3f} |")
     (out / "rlhf.md").write_text("\n".join(lines) + "\n")
 
 
@@ -121,6 +143,10 @@ def main(arguments) -> int:
     from zeropp_tools.cli.main import main as zeropp
 
     weights, out = Path(arguments.weights), Path(arguments.out)
+    if arguments.report_only:
+        write_report(rebuild(out), out)
+        logger.info("\n%s", (out / "rlhf.md").read_text())
+        return 0
     if not (weights / "reward" / "model.safetensors").is_file():
         logger.info("making the SFT and reward weights in %s", weights)
         if zeropp(["rlhf", "all", "--out", str(weights), "--model", arguments.model, "--iterations", "1"]) != 0:

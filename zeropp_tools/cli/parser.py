@@ -159,7 +159,8 @@ def _add_bench(commands) -> None:
     rlhf.add_argument("--iterations", type=positive_int, default=6, help="PPO iterations per run (the first not counted)")
     rlhf.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size of all four models")
     rlhf.add_argument("--weights", default="runs/rlhf", help="folder with sft/ and reward/ (made if missing)")
-    rlhf.add_argument("--out", default="runs/bench/rlhf", help="folder for rlhf.json, rlhf.md and rlhf.png")
+    rlhf.add_argument("--out", default="runs/bench/rlhf", help="folder for rlhf.json and rlhf.md")
+    rlhf.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs in --out")
     faults = _subcommand(bench, "faults", "inject faults into real runs (link, node, disk, soak) and record the outcome")
     faults.add_argument("--scenarios", default="link_flap,link_down,node_killed,disk_full,soak",
                         help="comma-separated scenarios: link_flap, link_down, node_killed, disk_full, soak")
