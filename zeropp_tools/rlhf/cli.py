@@ -41,7 +41,7 @@ def run_rlhf(arguments) -> int:
         logger.info("rlhf %s on %d ranks (2 nodes x 2)", stage, WORLD_SIZE)
         results[stage] = spawn_ranks(STAGE_FUNCTIONS[stage], WORLD_SIZE, (stage_config,), timeout_s=24 * 3600)[0]
         if stage == "reward":
-            logger.info("reward model: held-out pair accuracy %.3f", results[stage]["held_out_accuracy"])
+            logger.info("reward model: held-out pair accuracy %s", results[stage]["held_out_accuracy_by_kind"])
         if stage == "sft":
             logger.info("sft: validation loss %.3f", results[stage]["validation_loss"])
     if under_torchrun:

@@ -38,7 +38,7 @@ class RLHFConfig:
     prompt_length: int = 16
     continuation_length: int = 16
     sft_steps: int = 200
-    reward_steps: int = 300
+    reward_steps: int = 600
     reward_batch_per_rank: int = 16
     reward_lr: float = 1e-3
     ppo_iterations: int = 40
@@ -73,8 +73,11 @@ def run_sft(rank: int, world_size: int, config: RLHFConfig) -> dict:
 
 
 def run_reward(rank: int, world_size: int, config: RLHFConfig) -> dict:
-    """A scalar head on the SFT body, trained so the real continuation outscores the shuffled one."""
+    """A scalar head on the SFT body, trained so the real continuation outscores a shuffled
+    one, a repeated byte, or (every third row) the SFT model's own sample."""
     topology = Topology.from_environment(config.ranks_per_node)
+    sampler = load_sharded("gpt", config.gpt_config(), config.path("sft"), topology, config.zero, trainable=False)
+    generator = torch.Generator(device=topology.device).manual_seed(config.seed * 1000 + rank)
     torch.manual_seed(config.seed)
     module = ScalarHead(config.gpt_config())
     module.gpt.load_state_dict(load_file(config.path("sft")))
@@ -84,6 +87,7 @@ def run_reward(rank: int, world_size: int, config: RLHFConfig) -> dict:
     losses = []
     for step in range(config.reward_steps):
         chosen, rejected = _rank_rows(config, corpus, "train", step, rank, world_size)
+        rejected = _with_samples(sampler, chosen, rejected, config, generator)
         chosen_scores, rejected_scores = _scores(model, torch.cat([chosen, rejected])).chunk(2)
         loss = -torch.nn.functional.logsigmoid(chosen_scores - rejected_scores).mean()  # Bradley-Terry
         loss.backward()
@@ -91,9 +95,20 @@ def run_reward(rank: int, world_size: int, config: RLHFConfig) -> dict:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(_mean_over_ranks(loss.detach()))
-    accuracy = _pair_accuracy(model, config, corpus, rank, world_size)
+    accuracy = _pair_accuracy(model, config, corpus, rank, world_size, sampler, generator)
     export_model(model, config.path("reward"))
-    return {"losses": losses, "held_out_accuracy": accuracy}
+    return {"losses": losses, "held_out_accuracy": accuracy["overall"], "held_out_accuracy_by_kind": accuracy}
+
+
+def _with_samples(sampler, chosen: torch.Tensor, rejected: torch.Tensor, config, generator) -> torch.Tensor:
+    """``rejected`` with every third row's continuation replaced by the SFT model's sample
+    for the same prompt: the reward model learns real text over the model's own."""
+    rows = torch.arange(2, chosen.shape[0], 3)
+    prompt = chosen[rows, : config.prompt_length].to(sampler.topology.device)
+    samples = sampler.generate(prompt, config.continuation_length, temperature=config.temperature, generator=generator)
+    rejected = rejected.clone()
+    rejected[rows] = samples.to(rejected.device)
+    return rejected
 
 
 def _rank_rows(config, corpus, split, index, rank, world_size):
@@ -109,13 +124,21 @@ def _scores(model, sequences: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _pair_accuracy(model, config, corpus, rank, world_size, batches: int = 8) -> float:
-    correct = torch.zeros((), device=model.topology.device)
+def _pair_accuracy(model, config, corpus, rank, world_size, sampler, generator, batches: int = 8) -> dict:
+    """Held-out share of pairs the reward model orders right, overall and by kind of rejection."""
+    kinds = {"shuffled": [], "repeated": [], "model_sample": []}
     for index in range(batches):
         chosen, rejected = _rank_rows(config, corpus, "validation", index, rank, world_size)
+        rejected = _with_samples(sampler, chosen, rejected, config, generator)
         chosen_scores, rejected_scores = _scores(model, torch.cat([chosen, rejected])).chunk(2)
-        correct += (chosen_scores > rejected_scores).float().mean()
-    return _mean_over_ranks(correct) / batches
+        for row, right in enumerate((chosen_scores > rejected_scores).tolist()):
+            kind = "model_sample" if row % 3 == 2 else "shuffled" if row % 2 == 0 else "repeated"
+            kinds[kind].append(float(right))
+    counts = torch.tensor([[sum(v), len(v)] for v in kinds.values()], dtype=torch.float64, device=model.topology.device)
+    dist.all_reduce(counts)
+    result = {kind: (counts[i, 0] / counts[i, 1]).item() for i, kind in enumerate(kinds)}
+    result["overall"] = (counts[:, 0].sum() / counts[:, 1].sum()).item()
+    return result
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:
