@@ -260,7 +260,9 @@ def write_report(config: RLHFConfig, results: dict) -> None:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(replace(config)), indent=2, default=str) + "\n")
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    previous = out / "results.json"  # stages run one at a time add to it
+    merged = {**(json.loads(previous.read_text()) if previous.is_file() else {}), **results}
+    previous.write_text(json.dumps(merged, indent=2) + "\n")
     if "ppo" in results:
         with open(out / "ppo.jsonl", "w") as handle:
             for record in results["ppo"]["records"]:
