@@ -118,3 +118,15 @@ def train_sharded(scenario: Scenario, rank: int, world_size: int, topology: Topo
         torch.distributed.all_reduce(total)  # the global-batch loss is the mean over ranks
         losses.append(total.item() / world_size)
     return losses
+
+
+def train_step(model, optimizer, inputs, targets) -> float:
+    """One forward, backward and optimizer step on this rank's rows; the global batch's
+    loss (the mean over ranks, every rank holding as many rows)."""
+    loss = model(inputs, targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    total = loss.detach().clone()
+    torch.distributed.all_reduce(total)
+    return total.item() / torch.distributed.get_world_size()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from parity import train_step
 from safetensors.torch import load_file
 
 from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
@@ -36,13 +37,7 @@ def train(model, optimizer, steps, rank, world_size):
     for step in steps:
         tokens = torch.randint(0, 256, (GLOBAL_ROWS, 33), generator=torch.Generator().manual_seed(step))
         mine = tokens[rank * rows : (rank + 1) * rows]
-        loss = model(mine[:, :-1], mine[:, 1:])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        total = loss.detach().clone()
-        torch.distributed.all_reduce(total)
-        losses.append(total.item() / world_size)
+        losses.append(train_step(model, optimizer, mine[:, :-1], mine[:, 1:]))
     return losses
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from parity import train_step
 
 from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
 from zeropp.checkpoint import DistributedState, load_checkpoint, save_checkpoint
@@ -54,13 +55,7 @@ def train_sharded(rank, world_size, options, device, folder):
     per = 4 // world_size
     losses = []
     for step in range(STEPS):
-        loss = model(*batch(step, topology.device, slice(rank * per, (rank + 1) * per)))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        total = loss.detach().clone()
-        torch.distributed.all_reduce(total)
-        losses.append(total.item() / world_size)
+        losses.append(train_step(model, optimizer, *batch(step, topology.device, slice(rank * per, (rank + 1) * per))))
     assert all(flat.master.device == topology.device for flat in model.flat_params())
     save_checkpoint(model, optimizer, folder, step=STEPS)
     before = model.full_state_dict()

@@ -2,6 +2,7 @@
 MixZ++) and the trainable adapters; parity with the unsharded adapted model."""
 
 import torch
+from parity import train_step
 
 from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
 from zeropp.launch import spawn_ranks
@@ -48,13 +49,7 @@ def sharded(rank, world_size, options):
     for step in range(STEPS):
         model.comm_log.reset()
         inputs, targets = batch(step)
-        loss = model(inputs[rank : rank + 1], targets[rank : rank + 1])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        total = loss.detach().clone()
-        torch.distributed.all_reduce(total)
-        losses.append(total.item() / world_size)
+        losses.append(train_step(model, optimizer, inputs[rank : rank + 1], targets[rank : rank + 1]))
         crossings.append(model.comm_log.totals_by_phase()["forward_gather"]["received_inter_node"])
     trainable = sum(p.numel() for name, p in model.named_parameters() if p.requires_grad)
     return losses, crossings, trainable, model.predicted_step_bytes()["forward_gather"]["received_inter_node"]
