@@ -28,6 +28,7 @@ def parse_dtype(field_name: str, value: str | torch.dtype) -> torch.dtype:
 
 
 GRADIENT_SCALE_DTYPES = ("fp32", "bf16")
+AUTO_CHOSEN_FIELDS = ("quantized_weights", "two_hop_weight_gather", "hpz_size", "quantized_gradients")
 
 FIELD_GROUPS: dict[str, tuple[str, ...]] = {
     "precision": ("compute_dtype", "reduce_dtype"),
@@ -37,6 +38,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
                "gradient_chunks", "gradient_hadamard", "gradient_error_feedback", "gradient_stochastic_rounding",
                "gradient_scale_dtype"),
     "schedule": ("late_bits_from_step", "late_weight_bits", "late_gradient_bits_inter_node"),
+    "auto": ("auto", "auto_probe_every"),
     "engine": ("prefetch", "reshard_root_after_forward", "sync_module_states", "activation_checkpointing",
                "shard_alignment", "compile_quantization", "debug_collective_order"),
 }
@@ -107,6 +109,15 @@ class ZeroConfig:
     late_gradient_bits_inter_node: int = 4
     """qgZ inter-node bits from ``late_bits_from_step`` on."""
 
+    # --- Auto mode (docs/design.md section 11).
+    auto: bool = False
+    """Choose qwZ / hpZ / qgZ / the two-hop gather for the network found: probe the links at
+    the first step, try the candidates that could win, run the fastest, and re-plan when the
+    inter-node bandwidth moves by more than 2x. Overrides those four fields; bits, grids and
+    block size stay as set here. Flat buffers are laid out for every candidate."""
+    auto_probe_every: int = 5
+    """Auto mode: training steps between two probes of the inter-node bandwidth."""
+
     # --- Engine: overlap, memory, start-up and debugging.
     prefetch: bool = True
     """Gather the next unit asynchronously while the current one computes."""
@@ -133,7 +144,7 @@ class ZeroConfig:
                 raise ValueError(f"{item.name} must be true or false, got {value!r}")
         if not isinstance(self.late_bits_from_step, int) or self.late_bits_from_step < 0:
             raise ValueError(f"late_bits_from_step must be an integer >= 0, got {self.late_bits_from_step!r}")
-        for name in ("shard_alignment", "hpz_size", "gradient_chunks"):
+        for name in ("shard_alignment", "hpz_size", "gradient_chunks", "auto_probe_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -151,6 +162,11 @@ class ZeroConfig:
         if self.gradient_scale_dtype not in GRADIENT_SCALE_DTYPES:
             raise ValueError(f"gradient_scale_dtype={self.gradient_scale_dtype!r} is not supported; "
                              f"allowed values: {list(GRADIENT_SCALE_DTYPES)}")
+        if self.auto:
+            chosen = [name for name in AUTO_CHOSEN_FIELDS if getattr(self, name) != getattr(ZeroConfig, name)]
+            if chosen:
+                raise ValueError(f"auto=True chooses {list(AUTO_CHOSEN_FIELDS)} itself; leave {chosen} at their "
+                                 f"defaults or turn auto off")
         if self.gradient_grid_inter_node == "log" and self.gradient_stochastic_rounding:
             raise ValueError("gradient_stochastic_rounding works on the uniform grid only; "
                              "turn it off or set gradient_grid_inter_node='uniform'")
@@ -213,7 +229,7 @@ class ZeroConfig:
     @property
     def parameter_alignment(self) -> int:
         """Each parameter starts on a block boundary when anything is quantized."""
-        if self.quantized_weights or self.quantized_gradients or self.quantized_nontrainable_weights:
+        if self.auto or self.quantized_weights or self.quantized_gradients or self.quantized_nontrainable_weights:
             return self.quantization_block_size
         return 1
 
@@ -221,9 +237,9 @@ class ZeroConfig:
     def effective_shard_alignment(self) -> int:
         """Shards are whole quantization blocks (qwZ), and whole blocks per qgZ chunk."""
         alignment = self.shard_alignment
-        if self.quantized_weights or self.quantized_nontrainable_weights:
+        if self.auto or self.quantized_weights or self.quantized_nontrainable_weights:
             alignment = math.lcm(alignment, self.quantization_block_size)
-        if self.quantized_gradients:
+        if self.auto or self.quantized_gradients:
             alignment = math.lcm(alignment, self.quantization_block_size * self.gradient_chunks)
         return alignment
 

@@ -5,16 +5,10 @@
     zeropp plan --paper                 # the ZeRO++ paper's clusters and models
     zeropp plan --compare runs/bench/throughput/throughput.json   # vs emulated-cluster runs
 
-Step time = compute + the communication that compute cannot hide. Bytes per hop come from
-the same analytic volume the accounting is tested against (``predicted_step_bytes``):
+Step time = compute + the communication that compute cannot hide, by the library's step
+model (:mod:`zeropp.auto.step_model`, which auto mode uses too), with
 
     compute  = 6 * parameters * tokens per rank / achieved FLOP/s per rank
-    link     = bytes node 0's link carries in per step / inter-node bandwidth
-               + collectives per step x latency
-    exposed  = max(0, link - overlap * compute) + link / (units + 1)
-
-The last term is the first unit's gather, which nothing can overlap; ``overlap`` is the
-share of compute that prefetching and asynchronous reduction hide communication behind.
 """
 
 from __future__ import annotations
@@ -25,11 +19,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from zeropp.accounting import FlatSummary, predicted_step_bytes
+from zeropp.accounting import FlatSummary
+from zeropp.auto.step_model import OVERLAP, LinkSpeeds, link_time, step_seconds
 from zeropp.config import ZeroConfig, standard_variants
 from zeropp.models import GPT, Block, GPTConfig
-from zeropp.gather import select_weight_gather
-from zeropp.reduce import select_gradient_reduction
 from zeropp.sharding import ParamInfo, plan_units
 from zeropp.sharding.flat_param import make_slots, shard_numel_for
 from zeropp.topology import Layout
@@ -55,7 +48,7 @@ class Work:
     num_parameters: int
     tokens_per_rank: int
     flops_per_s: float  # achieved by one rank on this model
-    overlap: float = 0.9
+    overlap: float = OVERLAP
 
 
 def gpt_work(model_size: str, tokens_per_rank: int, flops_per_s: float, **overrides) -> Work:
@@ -89,20 +82,12 @@ def predict(work: Work, cluster: ClusterModel, config: ZeroConfig) -> dict:
             _extent(sizes, config.parameter_alignment), layout.world_size, config.effective_shard_alignment))
         for is_root, grad, sizes in work.flats
     ]
-    inbound = sum(
-        sum(row["received_inter_node"] for row in predicted_step_bytes(summaries, layout, config, rank, cluster.backend).values())
-        for rank in range(cluster.ranks_per_node)  # node 0's ranks: what its link carries in
-    )
-    # Latency: every collective is G - 1 exchanges (ring steps or all-to-all peers).
-    gather = select_weight_gather(config)
-    gather_steps = gather.collective_steps(layout, "forward_gather") + gather.collective_steps(layout, "backward_gather")
-    reduce_steps = select_gradient_reduction(config).collective_steps(layout)
+    links = LinkSpeeds(cluster.inter_node_bytes_per_s, latency_s=cluster.latency_s)
+    link = link_time(summaries, layout, config, links, cluster.backend)
     compute = 6 * work.num_parameters * work.tokens_per_rank / work.flops_per_s
-    link = inbound / cluster.inter_node_bytes_per_s + len(work.flats) * (gather_steps + reduce_steps) * cluster.latency_s
-    exposed = max(0.0, link - work.overlap * compute) + link / (len(work.flats) + 1)
-    step = compute + exposed
-    return {"step_s": step, "compute_s": compute, "link_s": link, "exposed_s": exposed,
-            "inter_node_bytes_per_step": inbound, "tokens_per_s": work.tokens_per_rank * layout.world_size / step}
+    step = step_seconds(compute, link.seconds, len(work.flats), work.overlap)
+    return {"step_s": step, "compute_s": compute, "link_s": link.seconds, "exposed_s": step - compute,
+            "inter_node_bytes_per_step": link.inter_node_bytes, "tokens_per_s": work.tokens_per_rank * layout.world_size / step}
 
 
 def recommend(work: Work, cluster: ClusterModel) -> tuple[str, dict]:

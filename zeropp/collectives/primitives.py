@@ -48,12 +48,19 @@ class Communicator:
         self.check_order = check_order
         self.device = None if device is None else torch.device(device)  # every tensor must be there
         self._waited = [0.0]
+        self._waited_before = 0.0  # what take_wait_seconds handed out
 
     def take_wait_seconds(self) -> float:
         """Seconds spent blocked on collectives since the last call: the communication that
         computation did not hide."""
         waited, self._waited[0] = self._waited[0], 0.0
+        self._waited_before += waited
         return waited
+
+    @property
+    def total_wait_seconds(self) -> float:
+        """Seconds spent blocked on collectives since construction (never reset)."""
+        return self._waited_before + self._waited[0]
 
     def _launch(self, op: str, group: Group, phase: str, label: str, tensor: torch.Tensor, launch):
         call = CollectiveCall(op, group.name, phase, label, tensor.numel(), str(tensor.dtype).removeprefix("torch."))
@@ -118,11 +125,18 @@ class Communicator:
 
     def all_reduce_sum(self, tensor: torch.Tensor, group: Group, phase: str) -> None:
         """Blocking sum of a small tensor (norms, flags), recorded as a ring all-reduce."""
+        self._all_reduce(tensor, group, phase, dist.ReduceOp.SUM)
+
+    def all_reduce_max(self, tensor: torch.Tensor, group: Group, phase: str) -> None:
+        """Blocking element-wise maximum of a small tensor (timings every rank must agree on)."""
+        self._all_reduce(tensor, group, phase, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, tensor: torch.Tensor, group: Group, phase: str, op) -> None:
         self.comm_log.record_exchange("all_reduce", group.ranks, phase, tensor.numel() * tensor.element_size())
         if group.size > 1:
             self._launch(
                 "all_reduce", group, phase, "", tensor,
-                lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group.handle, async_op=True),
+                lambda: dist.all_reduce(tensor, op=op, group=group.handle, async_op=True),
             ).wait()
 
     def broadcast(self, tensor: torch.Tensor, group: Group, source_rank: int, phase: str) -> None:

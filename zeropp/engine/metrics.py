@@ -8,9 +8,14 @@ import torch
 from ..accounting import FlatSummary, predicted_step_bytes
 
 
+def flat_summaries(model) -> list[FlatSummary]:
+    """What the analytic byte model needs to know of ``model``'s flat buffers."""
+    return [FlatSummary(unit.is_root, flat.requires_grad, flat.shard_numel) for unit in model.units for flat in unit.flats]
+
+
 def predicted_bytes(model) -> dict[str, dict[str, int]]:
     """The analytic bytes ``model``'s rank receives per step, per phase, intra and inter node."""
-    flats = [FlatSummary(unit.is_root, flat.requires_grad, flat.shard_numel) for unit in model.units for flat in unit.flats]
+    flats = flat_summaries(model)
     backend = torch.distributed.get_backend()
     return predicted_step_bytes(flats, model.topology.layout, model.active_config, model.topology.rank, backend)
 

@@ -21,6 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.checkpoint import checkpoint
 
 from ..accounting import CommLog
+from ..auto import AutoTuner
 from ..collectives import Communicator
 from ..config import ZeroConfig
 from ..gather import select_weight_gather
@@ -65,7 +66,9 @@ class ShardedModel(nn.Module):
         self.comm_log = CommLog(topology.layout, topology.rank)
         self._comm = Communicator(self.comm_log, check_order=self.config.debug_collective_order, device=topology.device)
         self._world = topology.group("world")
-        self.active_config = self.config.at_step(0)  # what ``set_training_step`` last applied
+        self._training_step = 0
+        self._auto = AutoTuner(self.config, topology, self._comm) if self.config.auto else None
+        self.active_config = self._config_in_force()  # what ``_apply_config`` last applied
         self.weight_gather = select_weight_gather(self.active_config, topology, self._comm)
         self.gradient_reduction = select_gradient_reduction(self.active_config, topology, self._comm)
         self._weight_source = _check_weight_source(module, init, topology.device)
@@ -211,7 +214,21 @@ class ShardedModel(nn.Module):
     def set_training_step(self, step: int) -> None:
         """Apply the settings in force at training step ``step`` (``late_bits_from_step``);
         call it before the step's forward."""
-        active = self.config.at_step(step)
+        self._training_step = step
+        self._apply_config()
+
+    @property
+    def auto_tuner(self) -> AutoTuner | None:
+        """Auto mode's tuner (its ``choice`` and ``decisions``), None without auto mode."""
+        return self._auto
+
+    def _config_in_force(self) -> ZeroConfig:
+        active = self.config.at_step(self._training_step)
+        return self._auto.applied_to(active) if self._auto else active
+
+    def _apply_config(self) -> None:
+        """Switch to the strategies of the settings now in force (schedule, auto mode)."""
+        active = self._config_in_force()
         if active == self.active_config:
             return
         for unit in self.units:
@@ -223,6 +240,13 @@ class ShardedModel(nn.Module):
         previous, self.gradient_reduction = self.gradient_reduction, select_gradient_reduction(
             active, self.topology, self._comm)
         self.gradient_reduction.carry_state_from(previous)
+
+    def _tune(self) -> None:
+        """Auto mode's turn, before the first forward of each training step."""
+        if self._auto is None or not torch.is_grad_enabled() or self._pinned is not None:
+            return
+        if (self._optimizer_stepped or self._auto.state is None) and self._auto.before_step(metrics.flat_summaries(self)):
+            self._apply_config()
 
     def on_weights_changed(self, include_frozen: bool = False) -> None:
         """Call after the master shards changed: drop stale gathered copies, refresh the
@@ -340,6 +364,7 @@ class ShardedModel(nn.Module):
     # ----------------------------------------------------------------- hooks
     def _pre_forward(self, unit: Unit, module, args):
         if unit.is_root and not self._in_backward:  # also when called as self.module(...), as generate() does
+            self._tune()
             self._refresh_changed_weights()
         if not self._in_backward:
             self._forward_order.observe(unit.index)

@@ -35,11 +35,13 @@ class PackedShards:
         self._packed.pop(flat.name, None)
 
     def error_sums(self, flats) -> tuple[float, float]:
-        """(sum of squared errors, sum of squares) of the packed shards against the masters."""
+        """(sum of squared errors, sum of squares) of the masters as the next gather will pack
+        them. Packed afresh and not kept: the cache may still hold the codes of the weights
+        before an optimizer step, and filling it here would take work out of the next step."""
         error, norm = 0.0, 0.0
         for flat in flats:
             master = flat.master.detach()
-            restored = dequantize(self.get(flat), self.format, flat.shard_numel)
+            restored = dequantize(self.quantize(master, self.format), self.format, flat.shard_numel)
             error += (restored - master).pow(2).sum().item()
             norm += master.pow(2).sum().item()
         return error, norm

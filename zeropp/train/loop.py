@@ -114,6 +114,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
                       "tokens_per_s": tokens_per_step / step_times[-1], "comm": comm_table,
                       "step_s": step_times[-1], "exposed_comm_s": exposed[-1],
                       "skipped_steps": optimizer.skipped_steps}
+            if model.auto_tuner is not None:
+                record["auto_choice"] = model.auto_tuner.choice
             if config.record_resources:
                 record["resources"] = _gather_resources(world_size)
             quantization_error = model.weight_quantization_error()
@@ -147,6 +149,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
         "comm_total_by_rank": lifetime,
         "first_step": first_step,
         "skipped_steps": optimizer.skipped_steps,
+        "auto_decisions": [asdict(decision) for decision in model.auto_tuner.decisions] if model.auto_tuner else None,
     }
 
 

@@ -55,6 +55,9 @@ def _add_optimization(group) -> None:
 
 
 def _add_communication(group) -> None:
+    group.add_argument("--auto", action="store_true",
+                       help="auto mode: probe the links, pick qwZ/hpZ/qgZ/two-hop for them, re-plan when they change "
+                            "(not with --qwz, --hpz, --qgz, --two-hop-gather)")
     group.add_argument("--qwz", action="store_true", help="qwZ: block-quantized weight all-gather")
     group.add_argument("--weight-bits", type=int, default=8, choices=BIT_WIDTHS, help="qwZ bits per weight")
     group.add_argument("--two-hop-gather", action="store_true",

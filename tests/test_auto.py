@@ -1,0 +1,129 @@
+"""Auto mode: the planning rule on given figures, and the tuner in a 2 x 2 training run
+whose link is scripted to change (the emulated-cluster figures are ``zeropp bench auto``)."""
+
+import math
+
+import pytest
+import torch
+
+from parity import train_step
+from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
+from zeropp.accounting import FlatSummary
+from zeropp.auto import LinkSpeeds, candidates
+from zeropp.auto.tuner import Measurement, Workload, plan_next
+from zeropp.launch import spawn_ranks
+from zeropp.models import GPT, Block, GPTConfig
+from zeropp.topology import Layout
+
+CONFIG = ZeroConfig(auto=True, compute_dtype="bf16", reduce_dtype="bf16")
+# A 2.6M-parameter model's flats on 2 x 2: root, then six blocks.
+FLATS = [FlatSummary(True, True, 262_144), *[FlatSummary(False, True, 196_608)] * 6]
+WORK = Workload(FLATS, Layout(4, 2), CONFIG)
+CHOICES = candidates(2)
+
+
+def _mbit(value: float) -> LinkSpeeds:
+    return LinkSpeeds(value * 1e6 / 8, latency_s=1e-4)
+
+
+def test_slow_link_first_tries_the_cheapest_link_not_zero3():
+    plan = plan_next(CHOICES, {}, 0, WORK, _mbit(50))
+    assert plan.trial == "zero++ two-hop"  # the fewest bytes across nodes
+    assert all(how is None for _, how in plan.estimates.values())
+
+
+def test_a_candidate_that_cannot_win_is_never_tried():
+    # ZeRO-3 measured on a fast link, 2% of its step blocked: no candidate can be 3% faster.
+    measured = {"zero3": Measurement(step_s=1.0, compute_s=0.98, epoch=0)}
+    plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100_000))
+    assert (plan.trial, plan.choice) == (None, "zero3")
+    # Blocked half the step: a quantized candidate whose link hides under ZeRO-3's compute
+    # might win; it is tried.
+    measured = {"zero3": Measurement(step_s=1.0, compute_s=0.5, epoch=0)}
+    plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100))
+    assert plan.trial not in (None, "zero3") and plan.estimates[plan.trial] == (0.5, None)
+
+
+def test_replan_predicts_measured_candidates_at_the_new_bandwidth():
+    # Every candidate measured on a fast link (epoch 0); quantization costs compute.
+    compute = {"zero3": 0.20, "hpz": 0.21, "qwz": 0.24, "qgz": 0.26, "qwz+qgz": 0.30, "zero++": 0.30,
+               "zero++ two-hop": 0.32}
+    measured = {name: Measurement(seconds + 0.01, seconds, 0) for name, seconds in compute.items()}
+    slow = plan_next(CHOICES, measured, 1, WORK, _mbit(50))
+    assert slow.trial is None and slow.choice in ("zero++", "zero++ two-hop")
+    assert all(how is False for _, how in slow.estimates.values())  # predicted, not measured
+    assert slow.estimates["zero3"][0] > 3 * slow.estimates[slow.choice][0]
+    fast = plan_next(CHOICES, measured, 1, WORK, _mbit(100_000))
+    assert fast.choice == "zero3"
+    assert "zero3 predicted" in fast.reason
+
+
+def test_one_rank_per_node_drops_the_hpz_candidates():
+    assert sorted(candidates(1)) == ["qgz", "qwz", "qwz+qgz", "zero3"]
+
+
+def test_auto_refuses_the_fields_it_chooses():
+    with pytest.raises(ValueError, match="quantized_weights"):
+        ZeroConfig(auto=True, quantized_weights=True)
+    with pytest.raises(ValueError, match="auto_probe_every"):
+        ZeroConfig(auto=True, auto_probe_every=0)
+    laid_out = ZeroConfig(auto=True, quantization_block_size=64, gradient_chunks=2)
+    assert (laid_out.parameter_alignment, laid_out.effective_shard_alignment) == (64, 128)
+
+
+class ScriptedProbe:
+    """Stands in for the link probe: the inter-node bandwidth a script says, per probe."""
+
+    def __init__(self, mbit_per_probe: list[float]) -> None:
+        self.script = list(mbit_per_probe)
+        self.latency_s = 1e-4
+        self.crosses_nodes = True
+
+    def measure_all(self) -> LinkSpeeds:
+        return self.measure_inter_node(math.inf)
+
+    def measure_inter_node(self, expected_bytes_per_s: float) -> LinkSpeeds:
+        mbit = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        return _mbit(mbit)
+
+
+STEPS = 24  # the worst case: every candidate tried again after the change
+
+
+def _train(rank, world_size, config: ZeroConfig, script: list[float] | None, ranks_per_node: int):
+    torch.manual_seed(0)
+    topology = Topology.from_environment(ranks_per_node=ranks_per_node)
+    model = ShardedModel(GPT(GPTConfig.preset("tiny")), topology, config, unit_classes=(Block,))
+    if script is not None:
+        model.auto_tuner.probe = ScriptedProbe(script)
+    optimizer = ShardedOptimizer(model, lambda params: torch.optim.AdamW(params, lr=3e-3))
+    losses, choices = [], []
+    for step in range(STEPS):
+        generator = torch.Generator().manual_seed(step)
+        tokens = torch.randint(0, 256, (2 * world_size, 33), generator=generator)[2 * rank: 2 * rank + 2]
+        losses.append(train_step(model, optimizer, tokens[:, :-1], tokens[:, 1:]))
+        choices.append(model.auto_tuner.choice if model.auto_tuner else None)
+    decisions = model.auto_tuner.decisions if model.auto_tuner else []
+    return {"losses": losses, "choices": choices, "decisions": decisions}
+
+
+def test_tuner_follows_a_link_that_changes_and_every_rank_agrees():
+    # 50 Mbit/s for the start and the first steady probe, then 100 Gbit/s.
+    config = ZeroConfig(auto=True, auto_probe_every=2)
+    results = spawn_ranks(_train, 4, (config, [50, 50, 50, 100_000], 2))
+    assert all(result["choices"] == results[0]["choices"] for result in results)
+    assert all(result["decisions"] == results[0]["decisions"] for result in results)
+    first, *later = results[0]["decisions"]
+    assert first.choice != "zero3" and first.inter_node_mbit == 50
+    assert later and later[0].inter_node_mbit == 100_000, results[0]["decisions"]
+    # On the fast link ZeRO-3 is tried (it could win once its link time vanished).
+    assert "zero3" in results[0]["choices"][first.step:]
+    assert all(math.isfinite(loss) for loss in results[0]["losses"])
+
+
+def test_auto_on_one_node_is_exact_zero3():
+    auto = spawn_ranks(_train, 4, (ZeroConfig(auto=True), None, 4))[0]
+    plain = spawn_ranks(_train, 4, (ZeroConfig(), None, 4))[0]
+    assert set(auto["choices"]) == {"zero3"} and auto["decisions"][0].reason.startswith("one node")
+    for got, expected in zip(auto["losses"], plain["losses"]):
+        assert abs(got - expected) <= 1e-6 * abs(expected)

@@ -1,0 +1,9 @@
+"""Auto mode: measure the network, let the step model pick the schemes, re-plan when the
+network changes (docs/design.md section 11)."""
+
+from .probe import LinkProbe
+from .step_model import LinkSpeeds, LinkTime, link_time, step_seconds
+from .tuner import AutoState, AutoTuner, Decision, candidates
+
+__all__ = ["AutoState", "AutoTuner", "Decision", "LinkProbe", "LinkSpeeds", "LinkTime", "candidates", "link_time",
+           "step_seconds"]

@@ -1,0 +1,244 @@
+"""Auto mode: pick the communication scheme for the network the job finds, and pick again
+when the network changes (docs/design.md section 11).
+
+At the first training step the tuner probes the links (:mod:`zeropp.auto.probe`). It then
+*tries* candidates for ``TRIAL_STEPS`` steps each, cheapest link first, and keeps a
+candidate's compute time (step minus the time blocked in collectives). A candidate is only
+tried while it could still win: its step cannot be shorter than its link time, nor than
+ZeRO-3's compute once that is known (quantization only adds work). Then it runs the
+fastest and probes the inter-node link every ``auto_probe_every`` steps; when the
+bandwidth moves by more than 2x it re-plans: the step model
+(:mod:`zeropp.auto.step_model`) predicts every measured candidate at the new bandwidth
+from its compute time, candidates never measured are tried if they could win, and the
+fastest prediction runs.
+
+Every figure a decision uses is the slowest rank's (all-reduced), so every rank decides
+the same. Candidates change only which schemes are on; bits, grids, block size and chunks
+stay the user's.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..accounting import FlatSummary
+from ..collectives import Communicator
+from ..config import ZeroConfig
+from ..topology import Layout, Topology
+from .probe import PHASE, LinkProbe
+from .step_model import LinkSpeeds, link_time, step_seconds
+
+logger = logging.getLogger(__name__)
+
+TRIAL_STEPS = 2  # the first step after a switch builds caches; the second is measured
+WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
+REPLAN_FACTOR = 2.0
+
+
+def candidates(ranks_per_node: int) -> dict[str, dict[str, object]]:
+    """The schemes auto mode chooses from, as config overrides, exact ZeRO-3 first."""
+    off = {"quantized_weights": False, "two_hop_weight_gather": False, "hpz_size": 1, "quantized_gradients": False}
+    hpz = {"hpz_size": ranks_per_node}
+    choices = {
+        "zero3": off,
+        "hpz": {**off, **hpz},
+        "qwz": {**off, "quantized_weights": True},
+        "qgz": {**off, "quantized_gradients": True},
+        "qwz+qgz": {**off, "quantized_weights": True, "quantized_gradients": True},
+        "zero++": {**off, "quantized_weights": True, "quantized_gradients": True, **hpz},
+        "zero++ two-hop": {**off, "quantized_weights": True, "quantized_gradients": True, "two_hop_weight_gather": True,
+                           **hpz},
+    }
+    if ranks_per_node == 1:  # a node of one rank: no secondary to share, the two-hop gather is a ring
+        return {name: choices[name] for name in ("zero3", "qwz", "qgz", "qwz+qgz")}
+    return choices
+
+
+class AutoState(enum.Enum):
+    TRIAL = "trial"  # running a candidate for a few steps to measure it
+    STEADY = "steady"  # running the chosen candidate, probing the link now and then
+
+
+@dataclass(frozen=True)
+class Measurement:
+    step_s: float
+    compute_s: float  # step less the time blocked in collectives
+    epoch: int  # which bandwidth (plan) it was measured under
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: int
+    choice: str
+    inter_node_mbit: float
+    reason: str
+
+
+class AutoTuner:
+    def __init__(self, config: ZeroConfig, topology: Topology, communicator: Communicator) -> None:
+        self.config, self.topology, self.communicator = config, topology, communicator
+        self.flats: list[FlatSummary] = []
+        self.candidates = candidates(topology.ranks_per_node)
+        self.probe = LinkProbe(topology, communicator)
+        self.state: AutoState | None = None  # None until the first training step
+        self.choice = "zero3"
+        self.links: LinkSpeeds | None = None
+        self.measured: dict[str, Measurement] = {}
+        self.decisions: list[Decision] = []
+        self._epoch = self._steps_in_state = self._step = 0
+        self._trial_times: list[tuple[float, float]] = []
+        self._clock: tuple[float, float] | None = None  # (time, total wait) at the step's start
+
+    def applied_to(self, config: ZeroConfig) -> ZeroConfig:
+        """``config`` with the chosen schemes: what the engine's strategies run."""
+        return scheme(config, self.candidates[self.choice])
+
+    def before_step(self, flats: list[FlatSummary]) -> bool:
+        """Call before each training step's forward with the model's flat buffers; True
+        when the choice changed."""
+        self.flats = flats
+        elapsed = self._read_clock()
+        previous = self.choice
+        if self.state is None:
+            self._start()
+        elif self.state is AutoState.TRIAL:
+            self._trial_step(elapsed)
+        else:
+            self._steady_step()
+        self._step += 1
+        self._clock = (time.perf_counter(), self.communicator.total_wait_seconds)  # probes excluded
+        return self.choice != previous
+
+    # ----------------------------------------------------------------- states
+    def _start(self) -> None:
+        self.links = self.probe.measure_all()
+        if not self.probe.crosses_nodes:
+            self._decide("zero3", "one node: nothing crosses a node link")
+            return
+        self._next_trial_or_choose()
+
+    def _trial_step(self, elapsed: tuple[float, float]) -> None:
+        self._trial_times.append(elapsed)
+        if len(self._trial_times) < TRIAL_STEPS:
+            return
+        step_s, compute_s = self._slowest_rank(*self._trial_times[-1])
+        self.measured[self.choice] = Measurement(step_s, compute_s, self._epoch)
+        self._next_trial_or_choose()
+
+    def _steady_step(self) -> None:
+        self._steps_in_state += 1
+        if not self.probe.crosses_nodes or self._steps_in_state % self.config.auto_probe_every:
+            return
+        links = self.probe.measure_inter_node(self.links.inter_node_bytes_per_s)
+        ratio = links.inter_node_bytes_per_s / self.links.inter_node_bytes_per_s
+        if max(ratio, 1 / ratio) > REPLAN_FACTOR:
+            logger.debug("auto: inter-node bandwidth %.0f -> %.0f Mbit/s", _mbit(self.links), _mbit(links))
+            self.links, self._epoch = links, self._epoch + 1
+            self._next_trial_or_choose()
+
+    # ----------------------------------------------------------------- planning
+    def _next_trial_or_choose(self) -> None:
+        plan = plan_next(self.candidates, self.measured, self._epoch, Workload(self.flats, self.topology.layout,
+                                                                                self.config), self.links)
+        if plan.trial is not None:
+            self._set(AutoState.TRIAL, plan.trial)
+        else:
+            self._decide(plan.choice, plan.reason)
+
+    def _decide(self, name: str, reason: str) -> None:
+        self._set(AutoState.STEADY, name)
+        mbit = _mbit(self.links) if self.links else math.inf
+        self.decisions.append(Decision(self._step, name, mbit, reason))
+        if self.topology.rank == 0:
+            logger.info("auto mode at step %d: %s (inter-node %.0f Mbit/s, intra-node %.0f Mbit/s, latency %.2f ms); %s",
+                        self._step, name, mbit, self.links.intra_node_bytes_per_s * 8e-6 if self.links else math.inf,
+                        self.probe.latency_s * 1e3, reason)
+
+    def _set(self, state: AutoState, name: str) -> None:
+        self.state, self.choice = state, name
+        self._steps_in_state = 0
+        self._trial_times = []
+
+    # ----------------------------------------------------------------- timing
+    def _read_clock(self) -> tuple[float, float]:
+        """(seconds since the last step started, of which blocked in collectives)."""
+        if self._clock is None:
+            return 0.0, 0.0
+        started, waited = self._clock
+        return time.perf_counter() - started, self.communicator.total_wait_seconds - waited
+
+    def _slowest_rank(self, step_s: float, waited_s: float) -> tuple[float, float]:
+        figures = torch.tensor([step_s, step_s - waited_s], dtype=torch.float64, device=self.topology.device)
+        self.communicator.all_reduce_max(figures, self.topology.group("world"), PHASE)
+        return figures[0].item(), figures[1].item()
+
+
+@dataclass(frozen=True)
+class Workload:
+    flats: list[FlatSummary]
+    layout: Layout
+    config: ZeroConfig  # the user's; candidates override its scheme fields
+
+
+@dataclass(frozen=True)
+class Plan:
+    trial: str | None  # a candidate to measure next, or None: run ``choice``
+    choice: str | None
+    estimates: dict[str, tuple[float, bool | None]]
+
+    @property
+    def reason(self) -> str:
+        kinds = {True: "measured", False: "predicted", None: "at least"}
+        ranked = sorted(self.estimates.items(), key=lambda item: item[1][0])
+        return "step times: " + ", ".join(f"{name} {kinds[how]} {seconds * 1e3:,.0f} ms" for name, (seconds, how) in ranked)
+
+
+def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch: int, work: Workload,
+              links: LinkSpeeds) -> Plan:
+    """The next candidate to try, or the one to run. A candidate is tried when it might
+    beat the best known by more than 3%: first the cheapest bound (ZeRO-3 first among
+    equals), then ZeRO-3 if it is among them, then the cheapest bound again."""
+    estimates = {name: estimate(name, overrides, measured.get(name), epoch, work, links, measured.get("zero3"))
+                 for name, overrides in choices.items()}
+    known = {name: seconds for name, (seconds, how) in estimates.items() if how is not None}
+    best = min(known.values(), default=math.inf)
+    untried = [(seconds, list(choices).index(name), name) for name, (seconds, how) in estimates.items()
+               if how is None and seconds < WORTH_TRYING * best]
+    if untried:
+        # Once anything is known, ZeRO-3 goes first when worth trying: its compute time
+        # bounds every other candidate's, which usually spares their trials.
+        zero3_first = known and any(name == "zero3" for _, _, name in untried)
+        return Plan("zero3" if zero3_first else min(untried)[2], None, estimates)
+    return Plan(None, min(known, key=known.get), estimates)
+
+
+def estimate(name: str, overrides: dict, measurement: Measurement | None, epoch: int, work: Workload,
+             links: LinkSpeeds, zero3: Measurement | None) -> tuple[float, bool | None]:
+    """(seconds, how known) of one candidate's step: measured at this bandwidth (True),
+    predicted from its compute time by the step model (False), or, never measured, a
+    lower bound (None): no faster than its link time, nor than ZeRO-3's compute."""
+    link = link_time(work.flats, work.layout, scheme(work.config, overrides), links, _backend()).seconds
+    if measurement is None:
+        return max(link, zero3.compute_s if zero3 else 0.0), None
+    if measurement.epoch == epoch:
+        return measurement.step_s, True
+    return step_seconds(measurement.compute_s, link, len(work.flats)), False
+
+
+def scheme(config: ZeroConfig, overrides: dict[str, object]) -> ZeroConfig:
+    """The fixed-scheme config a candidate runs (auto off: the choice is made)."""
+    return replace(config, auto=False, **overrides)
+
+
+def _mbit(links: LinkSpeeds) -> float:
+    return links.inter_node_bytes_per_s * 8e-6
+
+
+def _backend() -> str:
+    return torch.distributed.get_backend() if torch.distributed.is_initialized() else "gloo"
