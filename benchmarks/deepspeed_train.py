@@ -22,12 +22,18 @@ from deepspeed_quantizer import install as install_quantizer
 from peer_training import parse_arguments, train_and_report
 from zeropp.models import GPT, GPTConfig
 
-VARIANTS = ("zero3", "zero++")
+VARIANTS = ("zero3", "zero++", "zero3-small-buckets", "zero++-small-buckets")
+# DeepSpeed's default reduce bucket (5e8 elements) holds every gradient of these models, so
+# the reduce-scatter starts after backward; a bucket of about one block lets it run during
+# backward. The gather side needs no tuning: the default prefetch bucket (5e7) covers the model.
+SMALL_REDUCE_BUCKET = 1_000_000
 
 
 def ds_config(variant: str, batch_per_rank: int, precision: str, ranks_per_node: int) -> dict:
     zero = {"stage": 3, "overlap_comm": True, "contiguous_gradients": True}
-    if variant == "zero++":
+    if variant.endswith("-small-buckets"):
+        zero["reduce_bucket_size"] = SMALL_REDUCE_BUCKET
+    if variant.startswith("zero++"):
         zero.update(zero_quantized_weights=True, zero_hpz_partition_size=ranks_per_node,
                     zero_quantized_gradients=True)
     return {

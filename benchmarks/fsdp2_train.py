@@ -4,7 +4,10 @@
 
 Variants: ``plain`` (fully_shard over the world, reshard after forward), ``reshard-node``
 (reshard_after_forward = ranks per node: FSDP2's analogue of hpZ), ``hsdp`` (2-D mesh:
-shard inside the node, replicate across nodes). Same model, data, optimizer, precision and
+shard inside the node, replicate across nodes), and ``plain-prefetch`` / ``hsdp-prefetch``:
+the same with explicit prefetching, each block gathering the next one in forward and the
+previous one in backward. FSDP2 overlaps through CUDA streams; on CPU there are none, so
+only explicit prefetching lets a gather run under compute. Same model, data, optimizer, precision and
 step timing as ``zeropp train`` (peer_training.py); rank 0 writes ``summary.json``.
 """
 
@@ -21,12 +24,12 @@ from peer_training import parse_arguments, train_and_report
 from zeropp.config import parse_dtype
 from zeropp.models import GPT, GPTConfig
 
-VARIANTS = ("plain", "reshard-node", "hsdp")
+VARIANTS = ("plain", "reshard-node", "hsdp", "plain-prefetch", "hsdp-prefetch")
 
 
 def shard(model: GPT, variant: str, world_size: int, per_node: int, dtype: torch.dtype) -> None:
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-    if variant == "hsdp":
+    if variant.startswith("hsdp"):
         mesh = init_device_mesh("cpu", (world_size // per_node, per_node), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh("cpu", (world_size,))
@@ -34,6 +37,13 @@ def shard(model: GPT, variant: str, world_size: int, per_node: int, dtype: torch
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    if variant.endswith("-prefetch"):
+        blocks = list(model.blocks)
+        for index, block in enumerate(blocks):
+            if index + 1 < len(blocks):
+                block.set_modules_to_forward_prefetch([blocks[index + 1]])
+            if index > 0:
+                block.set_modules_to_backward_prefetch([blocks[index - 1]])
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ def _mbit(value: float) -> LinkSpeeds:
 
 def test_slow_link_first_tries_the_cheapest_link_not_zero3():
     plan = plan_next(CHOICES, {}, 0, WORK, _mbit(50))
-    assert plan.trial == "zero++ two-hop"  # the fewest bytes across nodes
+    assert plan.trial == "zero++-two-hop"  # the fewest bytes across nodes
     assert all(how is None for _, how in plan.estimates.values())
 
 
@@ -47,10 +47,10 @@ def test_a_candidate_that_cannot_win_is_never_tried():
 def test_replan_predicts_measured_candidates_at_the_new_bandwidth():
     # Every candidate measured on a fast link (epoch 0); quantization costs compute.
     compute = {"zero3": 0.20, "hpz": 0.21, "qwz": 0.24, "qgz": 0.26, "qwz+qgz": 0.30, "zero++": 0.30,
-               "zero++ two-hop": 0.32}
+               "zero++-two-hop": 0.32}
     measured = {name: Measurement(seconds + 0.01, seconds, 0) for name, seconds in compute.items()}
     slow = plan_next(CHOICES, measured, 1, WORK, _mbit(50))
-    assert slow.trial is None and slow.choice in ("zero++", "zero++ two-hop")
+    assert slow.trial is None and slow.choice in ("zero++", "zero++-two-hop")
     assert all(how is False for _, how in slow.estimates.values())  # predicted, not measured
     assert slow.estimates["zero3"][0] > 3 * slow.estimates[slow.choice][0]
     fast = plan_next(CHOICES, measured, 1, WORK, _mbit(100_000))

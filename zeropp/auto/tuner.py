@@ -52,7 +52,7 @@ def candidates(ranks_per_node: int) -> dict[str, dict[str, object]]:
         "qgz": {**off, "quantized_gradients": True},
         "qwz+qgz": {**off, "quantized_weights": True, "quantized_gradients": True},
         "zero++": {**off, "quantized_weights": True, "quantized_gradients": True, **hpz},
-        "zero++ two-hop": {**off, "quantized_weights": True, "quantized_gradients": True, "two_hop_weight_gather": True,
+        "zero++-two-hop": {**off, "quantized_weights": True, "quantized_gradients": True, "two_hop_weight_gather": True,
                            **hpz},
     }
     if ranks_per_node == 1:  # a node of one rank: no secondary to share, the two-hop gather is a ring

@@ -38,3 +38,18 @@ def _git_commit() -> str | None:
         return result.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def native_precision() -> tuple[str, str]:
+    """("bf16" or "fp32", why): bf16 where the hardware computes it natively (a GPU, or a
+    CPU with AVX512-BF16 or AMX); elsewhere bf16 is emulated, several times slower than fp32,
+    and a benchmark in it would measure the emulation instead of the communication."""
+    if torch.cuda.is_available():
+        return "bf16", f"GPU {torch.cuda.get_device_name()}"
+    native = [flag for flag in NATIVE_BF16_FLAGS if flag in machine()["cpu_flags"]]
+    if native:
+        return "bf16", f"the CPU has {', '.join(native)}"
+    return "fp32", "the CPU has neither AVX512-BF16 nor AMX: bf16 would be emulated"

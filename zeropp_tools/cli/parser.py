@@ -152,6 +152,7 @@ def _add_bench(commands) -> None:
                             help="training steps whose gradients are measured")
     grad_error.add_argument("--out", default="runs/bench/gradient_error.json", help="JSON file for the report")
     _add_bench_throughput(bench)
+    _add_bench_replan(bench)
     rlhf = _subcommand(bench, "rlhf", "PPO iterations on the emulated cluster: ZeRO-3 per-token, ZeRO-3 pinned, "
                                       "ZeRO++ with MixZ++ (root)")
     rlhf.add_argument("--bandwidths", default="none,1000,200", help="comma-separated Mbit/s per link (none: unshaped)")
@@ -175,15 +176,36 @@ def _add_bench_throughput(bench) -> None:
     throughput.add_argument("--nodes", type=positive_int, default=2, help="emulated nodes")
     throughput.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
     throughput.add_argument("--bandwidths", default="none,1000,200,50", help="Mbit/s per node link; none = unshaped")
-    throughput.add_argument("--variants", default="zero3,qwz,hpz,qgz,zero++,fsdp2,fsdp2-reshard-node,fsdp2-hsdp,"
-                            "deepspeed-zero3,deepspeed-zero++",
+    throughput.add_argument("--variants", default="zero3,qwz,hpz,qgz,qwz+qgz,zero++,zero++-two-hop,auto,fsdp2,"
+                            "fsdp2-prefetch,fsdp2-reshard-node,fsdp2-hsdp,fsdp2-hsdp-prefetch,deepspeed-zero3,"
+                            "deepspeed-zero3-small-buckets,deepspeed-zero++,deepspeed-zero++-small-buckets",
                             help="comma-separated variants; the DeepSpeed ones need `make deepspeed-setup`")
+    throughput.add_argument("--repetitions", type=positive_int, default=3,
+                            help="runs of each cell, in rotated order; the table shows their median and spread")
     throughput.add_argument("--model", default="medium", choices=MODEL_SIZES, help="GPT size")
     throughput.add_argument("--steps", type=positive_int, default=10, help="training steps per measurement")
     throughput.add_argument("--batch-per-rank", type=positive_int, default=4, help="sequences per rank per step")
     throughput.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
-    throughput.add_argument("--precision", default="bf16", choices=PRECISIONS, help="compute dtype")
+    throughput.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
+                            help="compute dtype; auto: bf16 where the CPU computes it natively, else fp32")
     throughput.add_argument("--out", default="runs/bench/throughput", help="folder for JSON, markdown and plot")
+
+
+def _add_bench_replan(bench) -> None:
+    replan = _subcommand(bench, "replan", "auto mode when the link changes mid-run, against fixed variants (root)")
+    replan.add_argument("--from-mbit", type=positive_float, default=1000, help="link bandwidth at the start (Mbit/s)")
+    replan.add_argument("--to-mbit", type=positive_float, default=50, help="link bandwidth after the change (Mbit/s)")
+    replan.add_argument("--change-at", type=positive_int, default=15, help="steps rank 0 logged before the change")
+    replan.add_argument("--steps", type=positive_int, default=45, help="training steps of the auto-mode run")
+    replan.add_argument("--fixed-steps", type=positive_int, default=12, help="training steps of each fixed variant")
+    replan.add_argument("--nodes", type=positive_int, default=2, help="emulated nodes")
+    replan.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
+    replan.add_argument("--model", default="medium", choices=MODEL_SIZES, help="GPT size")
+    replan.add_argument("--batch-per-rank", type=positive_int, default=4, help="sequences per rank per step")
+    replan.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
+    replan.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
+                        help="compute dtype; auto: bf16 where the CPU computes it natively, else fp32")
+    replan.add_argument("--out", default="runs/bench/replan", help="folder for replan.json, replan.md, replan.png")
 
 
 def explicitly_given(argv: list[str] | None) -> set[str]:

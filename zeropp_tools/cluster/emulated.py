@@ -140,10 +140,20 @@ class EmulatedCluster:
             if result.returncode != 0:
                 raise RuntimeError(f"latency needs the netem qdisc, which this kernel lacks ({result.stderr.strip()})")
         if spec.bandwidth_mbit is not None:
-            parent = ["parent", "1:1"] if spec.latency_ms else ["root"]
-            burst = max(32_000, int(spec.bandwidth_mbit * 1e6 / 8 / 250))  # >= one timer tick of data
-            _run("ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0", *parent, "tbf",
-                 "rate", f"{spec.bandwidth_mbit}mbit", "burst", str(burst), "latency", "200ms")
+            self._token_bucket(namespace, "add", spec.bandwidth_mbit)
+
+    def _token_bucket(self, namespace: str, action: str, mbit: float) -> None:
+        parent = ["parent", "1:1"] if self.spec.latency_ms else ["root"]
+        burst = max(32_000, int(mbit * 1e6 / 8 / 250))  # >= one timer tick of data
+        _run("ip", "netns", "exec", namespace, "tc", "qdisc", action, "dev", "eth0", *parent, "tbf",
+             "rate", f"{mbit}mbit", "burst", str(burst), "latency", "200ms")
+
+    def set_bandwidth(self, mbit: float) -> None:
+        """Reshape every node's link to ``mbit`` while jobs run (a cluster built shaped)."""
+        if self.spec.bandwidth_mbit is None:
+            raise ValueError("set_bandwidth needs a cluster built with a bandwidth (its links have no shaper)")
+        for namespace in self.nodes:
+            self._token_bucket(namespace, "change", mbit)
 
     def interface_bytes(self) -> list[dict[str, int]]:
         """Bytes each node's link sent and received so far (its eth0 counters), and the TCP

@@ -1,0 +1,122 @@
+"""One benchmark cell: a zeropp variant or a peer trained on the emulated cluster, with its
+tokens/s, exposed communication, and the bytes the accounting and the link counters saw."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from zeropp_tools.cluster import ClusterSpec
+from zeropp_tools.cluster.emulated import payload_bytes
+from zeropp_tools.cluster.runner import run_on_cluster
+
+VARIANTS = {
+    "zero3": [],
+    "qwz": ["--qwz"],
+    "hpz": ["--hpz", "{ranks_per_node}"],
+    "qgz": ["--qgz"],
+    "qwz+qgz": ["--qwz", "--qgz"],
+    "zero++": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz"],
+    "zero++-two-hop": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--two-hop-gather"],
+    "auto": ["--auto"],
+}
+"""zeropp's variants as ``zeropp train`` flags; the names are auto mode's candidates'."""
+
+
+def _bandwidth(text: str) -> float | None:
+    return None if text in ("none", "unshaped") else float(text)
+
+
+def _run(spec: ClusterSpec, variant: str, arguments: list[str], out: Path, **launch) -> tuple[dict, dict]:
+    """One run over the cluster: (rank 0's summary.json, the cluster's result)."""
+    result = run_on_cluster(spec, arguments, timeout_s=3600, **launch)
+    if result["exit_codes"] != [0] * spec.num_nodes:
+        raise RuntimeError(f"{variant} at {spec.bandwidth_mbit} Mbit/s failed; logs in {result['logs']}")
+    return json.loads((out / "summary.json").read_text()), result
+
+
+def _link_figures(result: dict) -> dict:
+    """What node 0's link carried in, raw and as payload, and the TCP segments resent."""
+    return {
+        "node0_link_rx_bytes": result["link_bytes"][0]["rx_bytes"],
+        "node0_link_rx_payload_bytes": payload_bytes(result["link_bytes"][0]),
+        "tcp_retransmitted_segments": sum(node["tcp_retransmitted_segments"] for node in result["link_bytes"]),
+    }
+
+
+def measure(spec: ClusterSpec, variant: str, train_arguments: list[str], during=None) -> dict:
+    """A zeropp variant; ``during(cluster, out)`` runs beside the job (to change the link)."""
+    out = Path(tempfile.mkdtemp(prefix="zeropp-throughput-"))
+    extra = [a.format(ranks_per_node=spec.ranks_per_node) for a in VARIANTS[variant]]
+    launch = {"during": (lambda cluster: during(cluster, out))} if during else {}
+    summary, result = _run(spec, variant, ["train", *train_arguments, *extra, "--out", str(out)], out, **launch)
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    per_step_inter = sum(row["received_inter_node"] for row in steps[-1]["comm"].values())
+    node0_accounted = sum(summary["comm_total_by_rank"][r]["received_inter_node"] for r in range(spec.ranks_per_node))
+    return {
+        "tokens_per_s": summary["tokens_per_s"],
+        "median_step_s": summary["median_step_s"],
+        "median_exposed_comm_s": summary["median_exposed_comm_s"],
+        "exposed_fraction": summary["median_exposed_comm_s"] / summary["median_step_s"],
+        "rank0_inter_node_bytes_per_step": per_step_inter,
+        **_link_figures(result),
+        "node0_accounted_rx_bytes": node0_accounted,
+        "final_train_loss": summary["final_train_loss"],
+        "step_s": [row["step_s"] for row in steps],
+        **_auto_figures(summary, steps),
+    }
+
+
+def _auto_figures(summary: dict, steps: list[dict]) -> dict:
+    """Auto mode's decisions, and its tokens/s once the first was made (trials excluded)."""
+    decisions = summary.get("auto_decisions")
+    if not decisions:
+        return {}
+    first = decisions[0]["step"]
+    tokens_per_step = summary["tokens_per_s"] * summary["median_step_s"]
+    steady = [row["step_s"] for row in steps[first:]]
+    return {"auto_decisions": decisions, "auto_choices": [row.get("auto_choice") for row in steps],
+            "trial_steps": first, "steady_tokens_per_s": tokens_per_step / statistics.median(steady) if steady else None}
+
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+DEEPSPEED_PYTHON = Path(__file__).resolve().parents[2] / ".venv-deepspeed" / "bin" / "python"
+# Peers on the same cluster and work: variant -> (script in benchmarks/, its --variant).
+PEERS = {
+    "fsdp2": ("fsdp2_train.py", "plain"),
+    "fsdp2-prefetch": ("fsdp2_train.py", "plain-prefetch"),
+    "fsdp2-reshard-node": ("fsdp2_train.py", "reshard-node"),
+    "fsdp2-hsdp": ("fsdp2_train.py", "hsdp"),
+    "fsdp2-hsdp-prefetch": ("fsdp2_train.py", "hsdp-prefetch"),
+    "deepspeed-zero3": ("deepspeed_train.py", "zero3"),
+    "deepspeed-zero3-small-buckets": ("deepspeed_train.py", "zero3-small-buckets"),
+    "deepspeed-zero++": ("deepspeed_train.py", "zero++"),
+    "deepspeed-zero++-small-buckets": ("deepspeed_train.py", "zero++-small-buckets"),
+}
+
+
+def measure_peer(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict:
+    """FSDP2 or DeepSpeed on the same cluster and work (no accounting: link counters only).
+    DeepSpeed runs from its own environment (``make deepspeed-setup``)."""
+    script, flavour = PEERS[variant]
+    out = Path(tempfile.mkdtemp(prefix=f"zeropp-{variant}-"))
+    launch = {"program": [str(BENCHMARKS / script)]}
+    if variant.startswith("deepspeed"):
+        if not DEEPSPEED_PYTHON.exists():
+            raise RuntimeError(f"{variant} needs DeepSpeed's separate environment: run `make deepspeed-setup` first")
+        launch.update(python=str(DEEPSPEED_PYTHON),
+                      environment={"DS_ACCELERATOR": "cpu", "LOCAL_SIZE": str(spec.ranks_per_node)})
+    summary, result = _run(spec, variant, [*train_arguments, "--variant", flavour, "--out", str(out)], out, **launch)
+    measured = {
+        "tokens_per_s": summary["tokens_per_s"],
+        "median_step_s": summary["median_step_s"],
+        **_link_figures(result),
+        "final_train_loss": summary["losses"][-1],
+    }
+    if "stand_in_quantizer_calls" in summary:
+        measured["stand_in_quantizer_calls"] = summary["stand_in_quantizer_calls"]
+    return measured
+
+
