@@ -46,8 +46,15 @@ $(DEEPSPEED_VENV)/.installed:
 
 deepspeed-setup: $(DEEPSPEED_VENV)/.installed
 
-# The emulated-cluster throughput tables in the README (root; about 45 minutes on 2 cores).
+# The emulated-cluster tables and plots of docs/results/throughput.md (root; about 75
+# minutes on 2 cores): peers at their defaults and best set-ups beside zeropp's variants and
+# auto mode, every cell repeated in rotated order; auto mode under a link reshaped mid-run;
+# the speedup against ZeRO-3's network share.
+BENCH_PEERS := fsdp2-hsdp,fsdp2-hsdp-prefetch,deepspeed-zero++,deepspeed-zero++-small-buckets
 bench-cluster: setup deepspeed-setup
-	$(VENV)/bin/zeropp bench throughput --out benchmarks/results/throughput
-	$(VENV)/bin/zeropp bench throughput --nodes 4 --ranks-per-node 1 --bandwidths none,200 \
-		--variants zero3,qwz,qgz,zero++,fsdp2,deepspeed-zero3,deepspeed-zero++ --out benchmarks/results/throughput_4x1
+	$(VENV)/bin/zeropp bench throughput --bandwidths none,200 --repetitions 3 --steps 12 \
+		--variants zero3,zero++,zero++-two-hop,auto,$(BENCH_PEERS) --out benchmarks/results/throughput/none_200
+	$(VENV)/bin/zeropp bench throughput --bandwidths 1000,50 --repetitions 2 --steps 12 \
+		--variants zero3,zero++,zero++-two-hop,auto --out benchmarks/results/throughput/1000_50
+	$(VENV)/bin/zeropp bench replan --out benchmarks/results/replan
+	$(VENV)/bin/zeropp bench sweep --out benchmarks/results/sweep

@@ -115,7 +115,9 @@ def test_tuner_follows_a_link_that_changes_and_every_rank_agrees():
     assert all(result["decisions"] == results[0]["decisions"] for result in results)
     first, *later = results[0]["decisions"]
     assert first.choice != "zero3" and first.inter_node_mbit == 50
-    assert later and later[0].inter_node_mbit == 100_000, results[0]["decisions"]
+    # Steady-state medians may move the choice on the slow link; the fast one re-plans.
+    replanned = [decision for decision in later if decision.inter_node_mbit == 100_000]
+    assert replanned, results[0]["decisions"]
     # On the fast link ZeRO-3 is tried (it could win once its link time vanished).
     assert "zero3" in results[0]["choices"][first.step:]
     assert all(math.isfinite(loss) for loss in results[0]["losses"])
@@ -127,3 +129,24 @@ def test_auto_on_one_node_is_exact_zero3():
     assert set(auto["choices"]) == {"zero3"} and auto["decisions"][0].reason.startswith("one node")
     for got, expected in zip(auto["losses"], plain["losses"]):
         assert abs(got - expected) <= 1e-6 * abs(expected)
+
+
+def _probe(rank, world_size):
+    from zeropp.accounting import CommLog
+    from zeropp.auto import LinkProbe
+    from zeropp.collectives import Communicator
+
+    topology = Topology.from_environment(ranks_per_node=2)
+    log = CommLog(topology.layout, rank)
+    links = LinkProbe(topology, Communicator(log, device=topology.device)).measure_all()
+    return links, log.totals_by_phase()
+
+
+def test_probe_measures_every_link_and_is_accounted():
+    results = spawn_ranks(_probe, 4)
+    links, totals = results[0]
+    assert all(result[0] == links for result in results)  # the slowest rank's figures, everywhere
+    assert 0 < links.inter_node_bytes_per_s < math.inf and 0 < links.intra_node_bytes_per_s < math.inf
+    assert links.latency_s > 0
+    # Three one-byte gathers and two sized ones across nodes, one inside: all accounted as "auto".
+    assert set(totals) == {"auto"} and totals["auto"]["received_inter_node"] > 256 * 1024 // 2

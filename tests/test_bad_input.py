@@ -138,10 +138,10 @@ def test_zero_size_parameter_trains():
 
 
 def test_without_unit_classes_the_single_unit_is_announced(caplog):
-    from zeropp.engine.sharded_model import _check_unit_classes
+    from zeropp.engine.checks import check_unit_classes
 
     with caplog.at_level(logging.WARNING, logger="zeropp"):
-        _check_unit_classes(Tiny(), (), num_units=1)
+        check_unit_classes(Tiny(), (), num_units=1)
     assert "single unit" in caplog.text
 
 

@@ -53,7 +53,7 @@ def test_every_subcommand_is_reachable():
     commands = {path for path, _ in _walk(build_parser())}
     for expected in ("zeropp demo", "zeropp train", "zeropp export", "zeropp cluster", "zeropp plan",
                      "zeropp study convergence", "zeropp bench comm", "zeropp bench grad-error",
-                     "zeropp bench throughput", "zeropp bench replan", "zeropp bench quant"):
+                     "zeropp bench throughput", "zeropp bench replan", "zeropp bench sweep", "zeropp bench quant"):
         assert expected in commands
 
 

@@ -6,8 +6,10 @@ At the first training step the tuner probes the links (:mod:`zeropp.auto.probe`)
 candidate's compute time (step minus the time blocked in collectives). A candidate is only
 tried while it could still win: its step cannot be shorter than its link time, nor than
 ZeRO-3's compute once that is known (quantization only adds work). Then it runs the
-fastest and probes the inter-node link every ``auto_probe_every`` steps; when the
-bandwidth moves by more than 2x it re-plans: the step model
+fastest. Every ``auto_probe_every`` steps the running candidate's median step replaces its
+trial figure (one measured step can be lucky; another candidate 3% faster then takes
+over), and the inter-node link is probed; when the bandwidth moves by more than 2x it
+re-plans: the step model
 (:mod:`zeropp.auto.step_model`) predicts every measured candidate at the new bandwidth
 from its compute time, candidates never measured are tried if they could win, and the
 fastest prediction runs.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import statistics
 import time
 from dataclasses import dataclass, replace
 
@@ -37,6 +40,7 @@ from .step_model import LinkSpeeds, link_time, step_seconds
 logger = logging.getLogger(__name__)
 
 TRIAL_STEPS = 2  # the first step after a switch builds caches; the second is measured
+STEADY_WINDOW = 20  # steps of the running choice whose median stands for it
 WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
 REPLAN_FACTOR = 2.0
 
@@ -92,7 +96,7 @@ class AutoTuner:
         self.measured: dict[str, Measurement] = {}
         self.decisions: list[Decision] = []
         self._epoch = self._steps_in_state = self._step = 0
-        self._trial_times: list[tuple[float, float]] = []
+        self._times: list[tuple[float, float]] = []  # (step, blocked) seconds of this rank since the last switch
         self._clock: tuple[float, float] | None = None  # (time, total wait) at the step's start
 
     def applied_to(self, config: ZeroConfig) -> ZeroConfig:
@@ -110,7 +114,7 @@ class AutoTuner:
         elif self.state is AutoState.TRIAL:
             self._trial_step(elapsed)
         else:
-            self._steady_step()
+            self._steady_step(elapsed)
         self._step += 1
         self._clock = (time.perf_counter(), self.communicator.total_wait_seconds)  # probes excluded
         return self.choice != previous
@@ -124,32 +128,45 @@ class AutoTuner:
         self._next_trial_or_choose()
 
     def _trial_step(self, elapsed: tuple[float, float]) -> None:
-        self._trial_times.append(elapsed)
-        if len(self._trial_times) < TRIAL_STEPS:
+        self._times.append(elapsed)
+        if len(self._times) < TRIAL_STEPS:
             return
-        step_s, compute_s = self._slowest_rank(*self._trial_times[-1])
-        self.measured[self.choice] = Measurement(step_s, compute_s, self._epoch)
+        step_s, waited_s = self._times[-1]
+        self._record(step_s, step_s - waited_s)
         self._next_trial_or_choose()
 
-    def _steady_step(self) -> None:
+    def _steady_step(self, elapsed: tuple[float, float]) -> None:
+        """Every ``auto_probe_every`` steps: the running choice's median step replaces its
+        trial figure (one step can be lucky), then the link is probed. A new bandwidth
+        re-plans; otherwise a candidate now known to be 3% faster takes over."""
+        self._times = [*self._times, elapsed][-STEADY_WINDOW:]
         self._steps_in_state += 1
         if not self.probe.crosses_nodes or self._steps_in_state % self.config.auto_probe_every:
             return
+        if len(self._times) > 1:  # the first step after a switch builds caches
+            steps = self._times[1:]
+            self._record(statistics.median(step for step, _ in steps),
+                         statistics.median(step - waited for step, waited in steps))
         links = self.probe.measure_inter_node(self.links.inter_node_bytes_per_s)
         ratio = links.inter_node_bytes_per_s / self.links.inter_node_bytes_per_s
         if max(ratio, 1 / ratio) > REPLAN_FACTOR:
             logger.debug("auto: inter-node bandwidth %.0f -> %.0f Mbit/s", _mbit(self.links), _mbit(links))
             self.links, self._epoch = links, self._epoch + 1
             self._next_trial_or_choose()
+        else:
+            self._next_trial_or_choose(keep_unless_faster_than=self.choice)
 
     # ----------------------------------------------------------------- planning
-    def _next_trial_or_choose(self) -> None:
+    def _next_trial_or_choose(self, keep_unless_faster_than: str | None = None) -> None:
         plan = plan_next(self.candidates, self.measured, self._epoch, Workload(self.flats, self.topology.layout,
                                                                                 self.config), self.links)
         if plan.trial is not None:
             self._set(AutoState.TRIAL, plan.trial)
-        else:
-            self._decide(plan.choice, plan.reason)
+            return
+        current = keep_unless_faster_than
+        if current is not None and plan.estimates[plan.choice][0] >= WORTH_TRYING * plan.estimates[current][0]:
+            return
+        self._decide(plan.choice, plan.reason)
 
     def _decide(self, name: str, reason: str) -> None:
         self._set(AutoState.STEADY, name)
@@ -163,7 +180,7 @@ class AutoTuner:
     def _set(self, state: AutoState, name: str) -> None:
         self.state, self.choice = state, name
         self._steps_in_state = 0
-        self._trial_times = []
+        self._times = []
 
     # ----------------------------------------------------------------- timing
     def _read_clock(self) -> tuple[float, float]:
@@ -173,10 +190,11 @@ class AutoTuner:
         started, waited = self._clock
         return time.perf_counter() - started, self.communicator.total_wait_seconds - waited
 
-    def _slowest_rank(self, step_s: float, waited_s: float) -> tuple[float, float]:
-        figures = torch.tensor([step_s, step_s - waited_s], dtype=torch.float64, device=self.topology.device)
+    def _record(self, step_s: float, compute_s: float) -> None:
+        """The running choice's step and compute time, the slowest rank's."""
+        figures = torch.tensor([step_s, compute_s], dtype=torch.float64, device=self.topology.device)
         self.communicator.all_reduce_max(figures, self.topology.group("world"), PHASE)
-        return figures[0].item(), figures[1].item()
+        self.measured[self.choice] = Measurement(figures[0].item(), figures[1].item(), self._epoch)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ Lifecycle of a unit in one training step (docs/design.md section 2)::
 from __future__ import annotations
 
 import functools
-import logging
 import weakref
 
 import torch
@@ -26,19 +25,18 @@ from ..collectives import Communicator
 from ..config import ZeroConfig
 from ..gather import select_weight_gather
 from ..reduce import select_gradient_reduction
-from ..sharding import FlatParam, ShardState, auto_unit_classes, plan_units
+from ..sharding import FlatParam, ShardState, plan_units
 from ..init import WeightSource
 from ..sharding.flat_param import flatten_params, make_slots, shard_numel_for, shard_of_params
 from ..sharding.units import modules_by_unit
 from ..topology import Topology
 from . import metrics, state_dict
+from .checks import check_inputs, check_unit_classes, check_weight_source, resolve_unit_classes
 from .full_parameters import full_parameters
 from .generation import PinnedUnits, generation_mode
 from .nonfinite import NonfiniteTracker
 from .schedule import ExecutionOrder
 from .unit import Unit
-
-logger = logging.getLogger(__name__)
 
 
 class ShardedModel(nn.Module):
@@ -71,8 +69,8 @@ class ShardedModel(nn.Module):
         self.active_config = self._config_in_force()  # what ``_apply_config`` last applied
         self.weight_gather = select_weight_gather(self.active_config, topology, self._comm)
         self.gradient_reduction = select_gradient_reduction(self.active_config, topology, self._comm)
-        self._weight_source = _check_weight_source(module, init, topology.device)
-        self.units = self._build_units(_resolve_unit_classes(module, unit_classes))
+        self._weight_source = check_weight_source(module, init, topology.device)
+        self.units = self._build_units(resolve_unit_classes(module, unit_classes))
         self._weight_source = None  # holds file handles and the meta module; not needed again
         self._forward_order = ExecutionOrder()
         self._backward_order = ExecutionOrder()
@@ -90,7 +88,7 @@ class ShardedModel(nn.Module):
     # ----------------------------------------------------------------- construction
     def _build_units(self, unit_classes: tuple[type, ...]) -> list[Unit]:
         specs = plan_units(self.module, unit_classes)
-        _check_unit_classes(self.module, unit_classes, len(specs))
+        check_unit_classes(self.module, unit_classes, len(specs))
         modules = modules_by_unit(specs)
         units = []
         for index, spec in enumerate(specs):
@@ -145,7 +143,7 @@ class ShardedModel(nn.Module):
 
     # ----------------------------------------------------------------- public
     def forward(self, *args, **kwargs):
-        self._check_inputs(args, kwargs)
+        check_inputs(self.topology.device, args, kwargs)
         return self.module(*args, **kwargs)
 
     def generation_mode(self, max_pinned_units: int | None = None):
@@ -170,20 +168,6 @@ class ShardedModel(nn.Module):
     def owns_parameters_of(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` steps this model's master shards or their pieces."""
         return any(id(param) in self._parameter_ids for group in optimizer.param_groups for param in group["params"])
-
-    def _check_inputs(self, args: tuple, kwargs: dict) -> None:
-        """Errors that would otherwise surface deep inside a unit, or as a NaN loss."""
-        device = self.topology.device
-        named = [(f"argument {index}", value) for index, value in enumerate(args)] + list(kwargs.items())
-        for name, value in named:
-            if not isinstance(value, torch.Tensor):
-                continue
-            if value.device != device:
-                raise ValueError(f"input {name} is on {value.device}, this rank's shards on {device}; "
-                                 f"move the batch with .to({str(device)!r})")
-            if value.dim() >= 1 and value.shape[0] == 0:
-                raise ValueError(f"input {name} has an empty batch (shape {tuple(value.shape)}); every rank takes "
-                                 "part in every step's collectives and needs at least one sample")
 
     @property
     def communicator(self) -> Communicator:
@@ -435,42 +419,6 @@ def _watch_optimizer_steps(model: ShardedModel) -> None:
 
     handle = register_optimizer_step_post_hook(after_step)
     weakref.finalize(model, handle.remove)
-
-
-def _check_weight_source(module: nn.Module, init: WeightSource | None, device: torch.device) -> WeightSource | None:
-    on_meta = [name for name, param in module.named_parameters() if param.is_meta]
-    if init is None:
-        if on_meta:
-            raise ValueError(f"{len(on_meta)} parameters are on the meta device (first: {on_meta[0]}); pass "
-                             "init=zeropp.init.RunInitializers(seed=...) to initialise them unit by unit, or "
-                             "init=zeropp.init.LoadSafetensors(path) to load pretrained weights into the shards")
-        return None
-    if not isinstance(init, WeightSource):
-        raise ValueError(f"init={init!r}: give a zeropp.init.RunInitializers or zeropp.init.LoadSafetensors")
-    if len(on_meta) != len(list(module.parameters())):
-        raise ValueError("init=... fills a module built on the meta device (with torch.device('meta'): ...); "
-                         "this one has real parameters, which would be ignored; drop init= to keep them")
-    init.bind(module, device)
-    return init
-
-
-def _resolve_unit_classes(module: nn.Module, unit_classes) -> tuple[type, ...]:
-    if isinstance(unit_classes, str):
-        if unit_classes != "auto":
-            raise ValueError(f"unit_classes={unit_classes!r}: give module classes or \"auto\"")
-        return auto_unit_classes(module)
-    return tuple(unit_classes)
-
-
-def _check_unit_classes(module: nn.Module, unit_classes: tuple[type, ...], num_units: int) -> None:
-    if num_units > 1:
-        return
-    if unit_classes:
-        found = sorted({type(child).__name__ for child in module.modules()})
-        raise ValueError(f"unit_classes={[c.__name__ for c in unit_classes]} match no submodule of "
-                         f"{type(module).__name__}; its module classes are {found}")
-    logger.warning("%s wraps as a single unit (no unit_classes): every step gathers the whole model at once; "
-                   "name its block class in unit_classes", type(module).__name__)
 
 
 def _checkpointed(forward, *args, **kwargs):

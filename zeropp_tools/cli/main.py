@@ -122,6 +122,8 @@ def _run_bench(arguments) -> int:
         from zeropp_tools.bench import gradient_error as benchmark
     elif arguments.bench == "faults":
         from zeropp_tools.bench import faults as benchmark
+    elif arguments.bench == "sweep":
+        from zeropp_tools.bench import sweep as benchmark
     elif arguments.bench == "replan":
         from zeropp_tools.bench import replan as benchmark
     elif arguments.bench == "rlhf":

@@ -153,6 +153,7 @@ def _add_bench(commands) -> None:
     grad_error.add_argument("--out", default="runs/bench/gradient_error.json", help="JSON file for the report")
     _add_bench_throughput(bench)
     _add_bench_replan(bench)
+    _add_bench_sweep(bench)
     rlhf = _subcommand(bench, "rlhf", "PPO iterations on the emulated cluster: ZeRO-3 per-token, ZeRO-3 pinned, "
                                       "ZeRO++ with MixZ++ (root)")
     rlhf.add_argument("--bandwidths", default="none,1000,200", help="comma-separated Mbit/s per link (none: unshaped)")
@@ -206,6 +207,22 @@ def _add_bench_replan(bench) -> None:
     replan.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
                         help="compute dtype; auto: bf16 where the CPU computes it natively, else fp32")
     replan.add_argument("--out", default="runs/bench/replan", help="folder for replan.json, replan.md, replan.png")
+
+
+def _add_bench_sweep(bench) -> None:
+    sweep = _subcommand(bench, "sweep", "speedup over ZeRO-3 against ZeRO-3's network share, one bandwidth (root)")
+    sweep.add_argument("--bandwidth", type=positive_float, default=1000, help="link bandwidth (Mbit/s)")
+    sweep.add_argument("--batches", default="1,2,4,8,16", help="comma-separated sequences per rank per step")
+    sweep.add_argument("--variants", default="zero3,zero++", help="comma-separated zeropp variants; zero3 is the baseline")
+    sweep.add_argument("--repetitions", type=positive_int, default=2, help="runs of each cell, in rotated order")
+    sweep.add_argument("--steps", type=positive_int, default=12, help="training steps per run")
+    sweep.add_argument("--nodes", type=positive_int, default=2, help="emulated nodes")
+    sweep.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
+    sweep.add_argument("--model", default="medium", choices=MODEL_SIZES, help="GPT size")
+    sweep.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
+    sweep.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
+                       help="compute dtype; auto: bf16 where the CPU computes it natively, else fp32")
+    sweep.add_argument("--out", default="runs/bench/sweep", help="folder for sweep.json, sweep.md, sweep.png")
 
 
 def explicitly_given(argv: list[str] | None) -> set[str]:
