@@ -46,7 +46,7 @@ $(DEEPSPEED_VENV)/.installed:
 
 deepspeed-setup: $(DEEPSPEED_VENV)/.installed
 
-# The emulated-cluster tables and plots of docs/results/throughput.md (root; about 75
+# The emulated-cluster tables and plots of docs/results/throughput.md (root; about 90
 # minutes on 2 cores): peers at their defaults and best set-ups beside zeropp's variants and
 # auto mode, every cell repeated in rotated order; auto mode under a link reshaped mid-run;
 # the speedup against ZeRO-3's network share.
@@ -54,7 +54,7 @@ BENCH_PEERS := fsdp2-hsdp,fsdp2-hsdp-prefetch,deepspeed-zero++,deepspeed-zero++-
 bench-cluster: setup deepspeed-setup
 	$(VENV)/bin/zeropp bench throughput --bandwidths none,200 --repetitions 3 --steps 12 \
 		--variants zero3,zero++,zero++-two-hop,auto,$(BENCH_PEERS) --out benchmarks/results/throughput/none_200
-	$(VENV)/bin/zeropp bench throughput --bandwidths 1000,50 --repetitions 2 --steps 12 \
-		--variants zero3,zero++,zero++-two-hop,auto --out benchmarks/results/throughput/1000_50
+	$(VENV)/bin/zeropp bench throughput --bandwidths none,1000,200,50 --repetitions 2 --steps 20 \
+		--variants zero3,zero++,zero++-two-hop,auto --out benchmarks/results/throughput/auto
 	$(VENV)/bin/zeropp bench replan --out benchmarks/results/replan
 	$(VENV)/bin/zeropp bench sweep --out benchmarks/results/sweep

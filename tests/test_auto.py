@@ -150,3 +150,34 @@ def test_probe_measures_every_link_and_is_accounted():
     assert links.latency_s > 0
     # Three one-byte gathers and two sized ones across nodes, one inside: all accounted as "auto".
     assert set(totals) == {"auto"} and totals["auto"]["received_inter_node"] > 256 * 1024 // 2
+
+
+class _OneRank:
+    """The topology and communicator an AutoTuner sees, for a tuner driven by hand."""
+
+    layout, ranks_per_node, rank, device, total_wait_seconds = Layout(4, 2), 2, 0, torch.device("cpu"), 0.0
+
+    def group(self, name):
+        return None
+
+    def all_reduce_max(self, tensor, group, phase):
+        return None  # one rank: its figures are the slowest
+
+
+def test_a_lucky_trial_is_corrected_in_the_steady_state(monkeypatch):
+    from zeropp.auto import tuner as tuner_module
+
+    clock = [0.0]
+    monkeypatch.setattr(tuner_module.time, "perf_counter", lambda: clock[0])
+    stand_in = _OneRank()
+    tuner = tuner_module.AutoTuner(ZeroConfig(auto=True, auto_probe_every=3), stand_in, stand_in)
+    tuner.probe = ScriptedProbe([200])
+    two_hop = iter([1.0, 0.5] + [1.2] * 100)  # its trial's measured step is lucky
+    seconds = {"zero++": 0.9, "qwz+qgz": 1.0, "zero++-two-hop": None}
+    for _ in range(40):
+        tuner.before_step(FLATS)
+        step = seconds.get(tuner.choice, 2.0)
+        clock[0] += next(two_hop) if step is None else step
+    first, *later = tuner.decisions
+    assert first.choice == "zero++-two-hop" and tuner.choice == "zero++"
+    assert later[-1].choice == "zero++" and tuner.measured["zero++-two-hop"].step_s == pytest.approx(1.2)
