@@ -140,11 +140,22 @@ def _compiled_quantize_blocks():
     return torch.compile(quantize_blocks, dynamic=False)
 
 
+def _quantize_and_pack(rows: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    return pack(*quantize_blocks(rows, fmt))
+
+
+@functools.cache
+def _compiled_quantize_and_pack():
+    # Packing inside the compiled graph lets codes and scales be written straight into the
+    # one output buffer instead of copied there afterwards.
+    return torch.compile(_quantize_and_pack, dynamic=False)
+
+
 def quantize_compiled(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """:func:`quantize` with the kernel through ``torch.compile`` (the first call per shape
     compiles, which takes seconds). Same codes as :func:`quantize`."""
     rows = values.reshape(-1, values.shape[-1]) if values.dim() > 1 else values.view(1, -1)
-    packed = pack(*_compiled_quantize_blocks()(rows, fmt))
+    packed = _compiled_quantize_and_pack()(rows, fmt)
     return packed if values.dim() > 1 else packed.view(-1)
 
 

@@ -19,6 +19,7 @@ from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
 from zeropp.optim import ShardedOptimizer
 from zeropp.topology import Topology
+from zeropp_tools.bench.provenance import provenance
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ def main(args) -> int:
     report = run(layouts, args.model)
     logger.info(format_report(report))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    report["provenance"] = provenance()
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     logger.info(f"\nwrote {args.out}")
     return 0

@@ -33,6 +33,7 @@ from zeropp.models import GPT, GPTConfig
 from zeropp.config import ZeroConfig
 from zeropp.reduce import select_gradient_reduction
 from zeropp.topology import Layout, Topology
+from zeropp_tools.bench.provenance import provenance
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ def main(args) -> int:
         figures = "".join(f"{row[key]:>12.4f}{row[key + '_vs_zeropp']:>10.2f}x" for key in METRICS)
         logger.info(f"{name:<42}{figures}{row['inter_node_bytes_per_value']:>13.4f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    report["provenance"] = provenance()
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     logger.info(f"wrote {args.out}")
     return 0

@@ -21,6 +21,7 @@ from zeropp.data import ByteCorpus, load_stdlib_corpus
 from zeropp.models import GPT, GPTConfig
 from zeropp.quantization import BlockFormat, dequantize, quantize
 from zeropp.quantization.blocks import _compiled_quantize_blocks, quantize_compiled
+from zeropp_tools.bench.provenance import provenance
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +107,16 @@ def accuracy() -> dict:
     return result
 
 
+TARGET_VS_COPY = 0.8  # quantize and pack at >= 0.8x the speed of copying the fp32 input
+
+
 def main(args) -> int:
-    report = {"torch": torch.__version__, "throughput": {}, "accuracy": accuracy()}
-    for threads in sorted({1, torch.get_num_threads()}):
+    report = {"provenance": provenance(), "throughput": {}, "accuracy": accuracy()}
+    for threads in (1, 2):
         torch.set_num_threads(threads)
         report["throughput"][f"threads_{threads}"] = throughput(args.numel)
+    report["compiled_meets_target"] = all(row[bits]["compiled_vs_copy"] >= TARGET_VS_COPY
+                                          for row in report["throughput"].values() for bits in ("int8", "int4"))
     for threads, measured in report["throughput"].items():
       for bits in ("int8", "int4"):
         row = measured[bits]

@@ -58,6 +58,8 @@ def _add_communication(group) -> None:
     group.add_argument("--auto", action="store_true",
                        help="auto mode: probe the links, pick qwZ/hpZ/qgZ/two-hop for them, re-plan when they change "
                             "(not with --qwz, --hpz, --qgz, --two-hop-gather)")
+    group.add_argument("--auto-probe-every", type=positive_int, default=5,
+                       help="auto mode: training steps between two probes of the inter-node link")
     group.add_argument("--qwz", action="store_true", help="qwZ: block-quantized weight all-gather")
     group.add_argument("--weight-bits", type=int, default=8, choices=BIT_WIDTHS, help="qwZ bits per weight")
     group.add_argument("--two-hop-gather", action="store_true",
