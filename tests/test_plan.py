@@ -51,8 +51,8 @@ def test_comparison_calibrates_compute_on_the_unshaped_run_and_adds_the_link():
 
 
 def test_planner_within_25_percent_of_the_stored_emulated_runs():
-    stored = json.loads((Path(__file__).parents[1] / "benchmarks/results/throughput/throughput.json").read_text())
+    stored = json.loads((Path(__file__).parents[1] / "benchmarks/results/throughput/auto/throughput.json").read_text())
     rows = compare(stored)
-    assert len(rows) >= 10
+    assert len(rows) >= 6
     worst = max(rows, key=lambda row: abs(row["error_percent"]))
     assert abs(worst["error_percent"]) <= 25, worst
