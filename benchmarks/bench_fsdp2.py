@@ -33,6 +33,7 @@ from zeropp.config import parse_dtype
 from zeropp.launch import spawn_ranks
 from zeropp.memory import optimizer_state_tensors, peak_rss_increase, resting_bytes_sharded, storage_bytes
 from zeropp.models import GPT, Block, GPTConfig
+from zeropp_tools.bench.provenance import provenance
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--out", default=str(RESULTS / "fsdp2.json"))
     args = parser.parse_args(argv)
-    report = {"date": datetime.now(timezone.utc).isoformat(), "torch": torch.__version__, "world_size": 4,
+    report = {"date": datetime.now(timezone.utc).isoformat(), "provenance": provenance(), "world_size": 4,
               "layout": "2 nodes x 2 ranks (CPU, gloo)", "config": vars(args), "results": {}}
     print(json.dumps(report["config"]))
     for dtype in args.dtypes.split(","):
