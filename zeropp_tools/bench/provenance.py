@@ -53,3 +53,8 @@ def native_precision() -> tuple[str, str]:
     if native:
         return "bf16", f"the CPU has {', '.join(native)}"
     return "fp32", "the CPU has neither AVX512-BF16 nor AMX: bf16 would be emulated"
+
+
+def chosen_precision(flag: str) -> tuple[str, str]:
+    """(precision, why) for a benchmark's ``--precision`` flag: ``auto`` asks the hardware."""
+    return native_precision() if flag == "auto" else (flag, "given")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from zeropp_tools.bench.cells import measure
-from zeropp_tools.bench.provenance import native_precision, provenance
+from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(arguments) -> int:
-    precision, why = native_precision() if arguments.precision == "auto" else (arguments.precision, "given")
+    precision, why = chosen_precision(arguments.precision)
     train_arguments = ["--model", arguments.model, "--batch-per-rank", str(arguments.batch_per_rank),
                        "--seq-len", str(arguments.seq_len), "--precision", precision]
     logger.info("precision %s (%s)", precision, why)

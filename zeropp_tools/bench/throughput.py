@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from zeropp_tools.bench.cells import PEERS, VARIANTS, measure, measure_peer
-from zeropp_tools.bench.provenance import native_precision, provenance
+from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.plan import compare, comparison_markdown
 
@@ -177,7 +177,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(args) -> int:
-    precision, why = (args.precision, "given") if args.precision != "auto" else native_precision()
+    precision, why = chosen_precision(args.precision)
     logger.info("precision %s (%s)", precision, why)
     train_arguments = ["--model", args.model, "--steps", str(args.steps), "--batch-per-rank", str(args.batch_per_rank),
                        "--seq-len", str(args.seq_len), "--precision", precision]

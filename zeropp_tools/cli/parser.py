@@ -192,6 +192,19 @@ def _add_bench_throughput(bench) -> None:
     throughput.add_argument("--out", default="runs/bench/throughput", help="folder for JSON, markdown and plot")
 
 
+def _add_cluster_run(parser, out: str, batch_per_rank: bool = True) -> None:
+    """The flags every emulated-cluster benchmark shares: layout, work per step, precision, output."""
+    parser.add_argument("--nodes", type=positive_int, default=2, help="emulated nodes")
+    parser.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
+    parser.add_argument("--model", default="medium", choices=MODEL_SIZES, help="GPT size")
+    if batch_per_rank:
+        parser.add_argument("--batch-per-rank", type=positive_int, default=4, help="sequences per rank per step")
+    parser.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
+    parser.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
+                        help="compute dtype; auto: bf16 where the CPU computes it natively, else fp32")
+    parser.add_argument("--out", default=out, help="folder for the JSON, markdown and plot")
+
+
 def _add_bench_replan(bench) -> None:
     replan = _subcommand(bench, "replan", "auto mode when the link changes mid-run, against fixed variants (root)")
     replan.add_argument("--from-mbit", type=positive_float, default=1000, help="link bandwidth at the start (Mbit/s)")
@@ -199,14 +212,7 @@ def _add_bench_replan(bench) -> None:
     replan.add_argument("--change-at", type=positive_int, default=15, help="steps rank 0 logged before the change")
     replan.add_argument("--steps", type=positive_int, default=45, help="training steps of the auto-mode run")
     replan.add_argument("--fixed-steps", type=positive_int, default=12, help="training steps of each fixed variant")
-    replan.add_argument("--nodes", type=positive_int, default=2, help="emulated nodes")
-    replan.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
-    replan.add_argument("--model", default="medium", choices=MODEL_SIZES, help="GPT size")
-    replan.add_argument("--batch-per-rank", type=positive_int, default=4, help="sequences per rank per step")
-    replan.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
-    replan.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
-                        help="compute dtype; auto: bf16 where the CPU computes it natively, else fp32")
-    replan.add_argument("--out", default="runs/bench/replan", help="folder for replan.json, replan.md, replan.png")
+    _add_cluster_run(replan, "runs/bench/replan")
 
 
 def _add_bench_sweep(bench) -> None:
@@ -216,13 +222,7 @@ def _add_bench_sweep(bench) -> None:
     sweep.add_argument("--variants", default="zero3,zero++", help="comma-separated zeropp variants; zero3 is the baseline")
     sweep.add_argument("--repetitions", type=positive_int, default=2, help="runs of each cell, in rotated order")
     sweep.add_argument("--steps", type=positive_int, default=12, help="training steps per run")
-    sweep.add_argument("--nodes", type=positive_int, default=2, help="emulated nodes")
-    sweep.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
-    sweep.add_argument("--model", default="medium", choices=MODEL_SIZES, help="GPT size")
-    sweep.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
-    sweep.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
-                       help="compute dtype; auto: bf16 where the CPU computes it natively, else fp32")
-    sweep.add_argument("--out", default="runs/bench/sweep", help="folder for sweep.json, sweep.md, sweep.png")
+    _add_cluster_run(sweep, "runs/bench/sweep", batch_per_rank=False)
 
 
 def explicitly_given(argv: list[str] | None) -> set[str]:
