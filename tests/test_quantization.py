@@ -15,7 +15,7 @@ def sample(numel, seed=0):
     return values
 
 
-FORMATS = [(4, "uniform"), (8, "uniform"), (12, "uniform"), (4, "log")]
+FORMATS = [(2, "uniform"), (3, "uniform"), (4, "uniform"), (8, "uniform"), (12, "uniform"), (4, "log")]
 
 
 @pytest.mark.parametrize("bits,grid", FORMATS)
@@ -30,7 +30,7 @@ def test_fast_path_produces_the_reference_codes(bits, grid, block_size):
     assert torch.equal(values, sample(block_size * 12))  # the kernel works in place on its own copy only
 
 
-@pytest.mark.parametrize("bits", [4, 8, 12])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8, 12])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_error_within_half_a_step_per_block(bits, dtype):
     fmt = BlockFormat(bits, 64)
@@ -70,7 +70,7 @@ def test_rows_are_independent_segments():
 
 @pytest.mark.parametrize(
     "kwargs,field",
-    [(dict(bits=3), "bits"), (dict(block_size=7), "block_size"), (dict(grid="cubic"), "grid"),
+    [(dict(bits=5), "bits"), (dict(block_size=7), "block_size"), (dict(bits=2, block_size=20), "block_size"), (dict(grid="cubic"), "grid"),
      (dict(bits=8, grid="log"), "bits")],
 )
 def test_bad_formats_name_the_field(kwargs, field):

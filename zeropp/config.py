@@ -28,12 +28,13 @@ def parse_dtype(field_name: str, value: str | torch.dtype) -> torch.dtype:
 
 
 GRADIENT_SCALE_DTYPES = ("fp32", "bf16")
-AUTO_CHOSEN_FIELDS = ("quantized_weights", "two_hop_weight_gather", "hpz_size", "quantized_gradients")
+DELTA_BITS = (2, 3, 4, 8)
+AUTO_CHOSEN_FIELDS = ("quantized_weights", "two_hop_weight_gather", "hpz_size", "quantized_gradients", "weight_deltas")
 
 FIELD_GROUPS: dict[str, tuple[str, ...]] = {
     "precision": ("compute_dtype", "reduce_dtype"),
     "gather": ("quantized_weights", "weight_bits", "two_hop_weight_gather", "hpz_size", "quantization_block_size",
-               "quantized_nontrainable_weights"),
+               "quantized_nontrainable_weights", "weight_deltas", "weight_delta_bits"),
     "reduce": ("quantized_gradients", "gradient_bits_intra_node", "gradient_bits_inter_node", "gradient_grid_inter_node",
                "gradient_chunks", "gradient_hadamard", "gradient_error_feedback", "gradient_stochastic_rounding",
                "gradient_scale_dtype"),
@@ -72,6 +73,17 @@ class ZeroConfig:
     """MixZ++: frozen parameters are gathered block-quantized (``weight_bits``) whatever
     ``quantized_weights`` says, and with hpZ their packed copy stays inside the node for
     good: after their first gather they never cross the node link again."""
+    weight_deltas: bool = False
+    """Delta gather: weights travel in the two-hop shape, and across nodes only the change of
+    each shard since the copy the other nodes hold, block-quantized to ``weight_delta_bits``.
+    Sender and receivers add the same dequantized change to their copies, which stay
+    bit-identical, and what rounding left out is part of the next change, so the error stays
+    within one step's quantization. The copy is also the backward gather's, inside the node
+    (it replaces hpZ and qwZ: leave ``hpz_size``, ``quantized_weights`` and
+    ``two_hop_weight_gather`` at their defaults). Costs an fp32 copy of 1/(ranks per node)
+    of the model per rank."""
+    weight_delta_bits: int = 4
+    """Bits per value of the weight changes the delta gather sends across nodes (2, 3, 4, 8)."""
 
     # --- Gradient reduction (docs/design.md section 5): plain or qgZ and its options.
     quantized_gradients: bool = False
@@ -152,7 +164,8 @@ class ZeroConfig:
         if self.gradient_grid_inter_node not in GRIDS:
             raise ValueError(f"gradient_grid_inter_node={self.gradient_grid_inter_node!r} is not supported; "
                              f"allowed values: {list(GRIDS)}")
-        for name in ("weight_bits", "gradient_bits_intra_node", "gradient_bits_inter_node", "late_weight_bits",
+        self._check_weight_deltas()
+        for name in ("weight_bits", "weight_delta_bits", "gradient_bits_intra_node", "gradient_bits_inter_node", "late_weight_bits",
                      "late_gradient_bits_inter_node"):
             grid = self.gradient_grid_inter_node if "gradient_bits_inter_node" in name else "uniform"
             try:
@@ -197,6 +210,18 @@ class ZeroConfig:
             return self.compute_torch_dtype
         return parse_dtype("reduce_dtype", self.reduce_dtype)
 
+    def _check_weight_deltas(self) -> None:
+        if self.weight_delta_bits not in DELTA_BITS:
+            raise ValueError(f"weight_delta_bits={self.weight_delta_bits!r} is not supported; allowed values: "
+                             f"{list(DELTA_BITS)}")
+        if not self.weight_deltas:
+            return
+        replaced = {"quantized_weights": False, "two_hop_weight_gather": False, "hpz_size": 1}
+        clashing = [name for name, default in replaced.items() if getattr(self, name) != default]
+        if clashing:
+            raise ValueError(f"weight_deltas=True is its own weight gather (two-hop shape, quantized changes, "
+                             f"a copy inside the node for backward); leave {clashing} at their defaults")
+
     def _check_hadamard(self) -> None:
         size = self.gradient_hadamard
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -220,6 +245,10 @@ class ZeroConfig:
         return BlockFormat(self.weight_bits, self.quantization_block_size)
 
     @property
+    def weight_delta_format(self) -> BlockFormat:
+        return BlockFormat(self.weight_delta_bits, self.quantization_block_size)
+
+    @property
     def gradient_formats(self) -> tuple[BlockFormat, BlockFormat]:
         """(intra-node hop, inter-node hop) formats of qgZ."""
         block = self.quantization_block_size
@@ -229,7 +258,8 @@ class ZeroConfig:
     @property
     def parameter_alignment(self) -> int:
         """Each parameter starts on a block boundary when anything is quantized."""
-        if self.auto or self.quantized_weights or self.quantized_gradients or self.quantized_nontrainable_weights:
+        if (self.auto or self.quantized_weights or self.quantized_gradients or self.quantized_nontrainable_weights
+                or self.weight_deltas):
             return self.quantization_block_size
         return 1
 
@@ -237,7 +267,7 @@ class ZeroConfig:
     def effective_shard_alignment(self) -> int:
         """Shards are whole quantization blocks (qwZ), and whole blocks per qgZ chunk."""
         alignment = self.shard_alignment
-        if self.auto or self.quantized_weights or self.quantized_nontrainable_weights:
+        if self.auto or self.quantized_weights or self.quantized_nontrainable_weights or self.weight_deltas:
             alignment = math.lcm(alignment, self.quantization_block_size)
         if self.auto or self.quantized_gradients:
             alignment = math.lcm(alignment, self.quantization_block_size * self.gradient_chunks)

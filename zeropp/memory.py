@@ -31,7 +31,8 @@ def resting_bytes_replicated(model: torch.nn.Module, optimizer: torch.optim.Opti
 
 def resting_bytes_sharded(model, optimizer) -> int:
     """The same for a :class:`zeropp.ShardedModel` and its :class:`zeropp.ShardedOptimizer`,
-    including compute-dtype shard copies and any gathered buffer still allocated."""
+    including compute-dtype shard copies, any gathered buffer still allocated and what the
+    weight gather keeps (hpZ parts, quantized caches, the delta gather's copies)."""
     tensors = []
     for flat in model.flat_params():
         tensors.append(flat.master)
@@ -39,6 +40,7 @@ def resting_bytes_sharded(model, optimizer) -> int:
             tensors.append(flat.master.grad)
         tensors.append(flat.compute_shard())
         tensors.append(flat.full)
+    tensors += model.weight_gather.kept_tensors()
     return storage_bytes(tensors + optimizer_state_tensors(optimizer.optimizer))
 
 

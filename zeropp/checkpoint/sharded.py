@@ -151,6 +151,9 @@ def _rank_tensors(model, optimizer) -> dict[str, torch.Tensor]:
         for key, value in optimizer.optimizer.state.get(flat.master, {}).items():
             if torch.is_tensor(value):
                 tensors[f"{index}.state.{key}"] = value.detach().cpu().contiguous()
+        gather_state = model.weight_gather.saved_state(flat)
+        if gather_state is not None:  # the delta gather's copies: without them a resume starts them afresh
+            tensors[f"{index}.gather"] = gather_state.detach().cpu().contiguous()
     return tensors
 
 
@@ -184,8 +187,21 @@ def load_checkpoint(model, optimizer, path: str | Path) -> CheckpointInfo:
         if model.topology.device.type == "cuda" and "rng.cuda" in files.keys(rank):
             torch.cuda.set_rng_state(files.read(rank, "rng.cuda"), model.topology.device)
     model.on_weights_changed(include_frozen=True)
+    if same_layout and metadata["ranks_per_node"] == model.topology.ranks_per_node:
+        _load_gather_state(model, files, rank, name_to_saved)
     dist.barrier()
     return CheckpointInfo(folder, metadata["step"], metadata["extra"], same_layout)
+
+
+def _load_gather_state(model, files, rank: int, name_to_saved: dict[str, int]) -> None:
+    """The weight gather's copies, where saved for the same shard (same layout and padding).
+    Every rank decides alike: the keys and shapes follow from the layout and config."""
+    for flat in model.flat_params():
+        key = f"{name_to_saved.get(flat.name)}.gather"
+        if key in files.keys(rank):
+            state = files.read(rank, key)
+            if state.shape[-1] == flat.shard_numel:
+                model.weight_gather.load_saved_state(flat, state)
 
 
 def _optimizer_state(flat, rank, metadata, files, state_keys, saved_index) -> dict:

@@ -241,7 +241,8 @@ class ShardedModel(nn.Module):
         for flat in self.flat_params():
             if flat.requires_grad or include_frozen:
                 flat.refresh_compute_shard()
-                self.weight_gather.invalidate(flat)
+                # Loaded or edited masters may be far from any copy: start copies afresh.
+                (self.weight_gather.forget if include_frozen else self.weight_gather.invalidate)(flat)
                 flat.state = self._resting_state(flat)
             flat.seen_version = flat.master._version
         self._optimizer_stepped = False

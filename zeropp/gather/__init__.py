@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ..config import ZeroConfig
 from .base import WeightGather
 from .by_trainability import ByTrainability, ResidentSecondary
+from .delta import DeltaGather
 from .plain import PlainGather
 from .quantized import QuantizedGather
 from .secondary import SecondaryGather
@@ -23,7 +24,9 @@ def select_weight_gather(config: ZeroConfig, topology: "Topology | None" = None,
                          communicator: "Communicator | None" = None) -> WeightGather:
     """The gather ``config`` asks for. Without a topology and communicator it can only
     predict bytes (the accounting and the planner use it that way)."""
-    if config.two_hop_weight_gather:
+    if config.weight_deltas:
+        primary = DeltaGather(config, topology, communicator)  # keeps its own copy inside the node
+    elif config.two_hop_weight_gather:
         primary = TwoHopGather(config, topology, communicator)
     elif config.quantized_weights:
         primary = QuantizedGather(config, topology, communicator)
@@ -38,11 +41,11 @@ def select_weight_gather(config: ZeroConfig, topology: "Topology | None" = None,
 
 def _frozen_gather(config: ZeroConfig, topology, communicator) -> WeightGather:
     """MixZ++: frozen flats gathered quantized, their hpZ copy kept inside the node for good."""
-    quantized = replace(config, quantized_weights=True, two_hop_weight_gather=False)
+    quantized = replace(config, quantized_weights=True, two_hop_weight_gather=False, weight_deltas=False)
     gather = QuantizedGather(quantized, topology, communicator)
     if config.hpz_size > 1:
         return ResidentSecondary(gather, quantized, topology, communicator)
     return gather
 
 
-__all__ = ["ByTrainability", "PlainGather", "ResidentSecondary", "QuantizedGather", "SecondaryGather", "TwoHopGather", "WeightGather", "select_weight_gather"]
+__all__ = ["ByTrainability", "DeltaGather", "PlainGather", "ResidentSecondary", "QuantizedGather", "SecondaryGather", "TwoHopGather", "WeightGather", "select_weight_gather"]

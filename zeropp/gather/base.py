@@ -48,6 +48,23 @@ class WeightGather:
     def invalidate(self, flat: "FlatParam") -> None:
         """The master shard of ``flat`` changed: drop what was derived from it."""
 
+    def forget(self, flat: "FlatParam") -> None:
+        """The master shard of ``flat`` was replaced (loaded, edited): drop everything kept
+        for it, state kept across steps included."""
+        self.invalidate(flat)
+
+    def kept_tensors(self) -> list[torch.Tensor]:
+        """What the strategy holds between gathers (copies, caches), for memory reports."""
+        return []
+
+    def saved_state(self, flat: "FlatParam") -> torch.Tensor | None:
+        """State of ``flat`` that a checkpoint must keep for an exact resume (None: none)."""
+        return None
+
+    def load_saved_state(self, flat: "FlatParam", state: torch.Tensor) -> None:
+        """Take back what :meth:`saved_state` gave, on the same layout."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no state in checkpoints")
+
     @property
     def keeps_packed(self) -> bool:
         """Whether :meth:`finish` returns packed bytes (then :meth:`fill_from_packed` turns

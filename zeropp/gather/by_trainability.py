@@ -30,6 +30,18 @@ class ByTrainability(WeightGather):
     def invalidate(self, flat) -> None:
         self.for_flat(flat.requires_grad).invalidate(flat)
 
+    def forget(self, flat) -> None:
+        self.for_flat(flat.requires_grad).forget(flat)
+
+    def saved_state(self, flat):
+        return self.for_flat(flat.requires_grad).saved_state(flat)
+
+    def load_saved_state(self, flat, state) -> None:
+        self.for_flat(flat.requires_grad).load_saved_state(flat, state)
+
+    def kept_tensors(self) -> list:
+        return self.trainable.kept_tensors() + self.frozen.kept_tensors()
+
     def holds_copy(self, flat) -> bool:
         return self.for_flat(flat.requires_grad).holds_copy(flat)
 

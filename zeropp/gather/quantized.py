@@ -34,6 +34,9 @@ class PackedShards:
     def invalidate(self, flat) -> None:
         self._packed.pop(flat.name, None)
 
+    def kept(self) -> list[torch.Tensor]:
+        return list(self._packed.values())
+
     def error_sums(self, flats) -> tuple[float, float]:
         """(sum of squared errors, sum of squares) of the masters as the next gather will pack
         them. Packed afresh and not kept: the cache may still hold the codes of the weights
@@ -76,6 +79,9 @@ class QuantizedGather(WeightGather):
 
     def invalidate(self, flat) -> None:
         self.packed.invalidate(flat)
+
+    def kept_tensors(self) -> list[torch.Tensor]:
+        return self.packed.kept()
 
     def quantization_error_sums(self, flats) -> tuple[float, float]:
         return self.packed.error_sums(flats)

@@ -58,6 +58,13 @@ class SecondaryGather(WeightGather):
         self.primary.invalidate(flat)
         self._parts.pop(flat.name, None)
 
+    def forget(self, flat) -> None:
+        self.primary.forget(flat)
+        self._parts.pop(flat.name, None)
+
+    def kept_tensors(self) -> list[torch.Tensor]:
+        return list(self._parts.values()) + self.primary.kept_tensors()
+
     def holds_copy(self, flat) -> bool:
         return flat.name in self._parts
 

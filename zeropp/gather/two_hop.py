@@ -75,6 +75,9 @@ class TwoHopGather(WeightGather):
         if self.packed is not None:
             self.packed.invalidate(flat)
 
+    def kept_tensors(self) -> list[torch.Tensor]:
+        return self.packed.kept() if self.packed is not None else []
+
     def quantization_error_sums(self, flats) -> tuple[float, float]:
         if self.packed is None:
             return 0.0, 0.0

@@ -10,6 +10,9 @@ its low nibble and element ``j + B / 2`` in its high nibble (two contiguous halv
 vectorises; interleaved pairs do not). INT12 codes, stored as ``q + 2048`` (in [1, 4095]),
 pair the same elements in three bytes: ``a = element j``, ``b = element j + B / 2`` give
 ``a & 0xFF``, ``(a >> 8) | (b & 0xF) << 4``, ``b >> 4``.
+INT2 and INT3 codes (for weight deltas), stored as ``q + 2^(bits-1)``, split each block in
+eight contiguous eighths: position ``j`` of the eighths makes one word
+``sum_k code(k * B / 8 + j) << (bits * k)`` of ``bits`` bytes, stored little-endian.
 Batched calls take ``[K, n]`` and return ``[K, packed]``: every row is its own segment, so a
 row can be sent to another rank by itself.
 
@@ -28,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_BITS = (4, 8, 12)
+SUPPORTED_BITS = (2, 3, 4, 8, 12)
+PLANE_BITS = (2, 3)  # packed as eight bit planes per block
 GRIDS = ("uniform", "log")
 # The log grid's value of each 4-bit code, indexed by code + 8 (index 0, code -8, is unused).
 LOG_LEVELS = tuple([0.0] + [-(2.0 ** (code - 7)) for code in range(7, 0, -1)] + [0.0]
@@ -46,6 +50,8 @@ class BlockFormat:
             raise ValueError(f"bits={self.bits} is not supported; allowed values: {list(SUPPORTED_BITS)}")
         if self.block_size < 2 or self.block_size % 2:
             raise ValueError(f"block_size must be an even number >= 2, got {self.block_size}")
+        if self.bits in PLANE_BITS and self.block_size % 8:
+            raise ValueError(f"{self.bits}-bit codes need a block_size divisible by 8, got {self.block_size}")
         if self.grid not in GRIDS:
             raise ValueError(f"grid={self.grid!r} is not supported; allowed values: {list(GRIDS)}")
         if self.grid == "log" and self.bits != 4:
@@ -53,7 +59,7 @@ class BlockFormat:
 
     @property
     def max_code(self) -> int:
-        return 2 ** (self.bits - 1) - 1  # 2047 for INT12, 127 for INT8, 7 for INT4
+        return 2 ** (self.bits - 1) - 1  # 2047 for INT12, 127 for INT8, 7 for INT4, 1 for INT2
 
     @property
     def scale_divisor(self) -> int:
@@ -108,6 +114,8 @@ def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat, noise: torch.Tensor | 
         codes.add_(noise).floor_()
     if fmt.bits == 8:
         code_bytes = codes.to(torch.int8).view(torch.uint8)
+    elif fmt.bits in PLANE_BITS:
+        code_bytes = _pack_planes(codes.add_(fmt.max_code + 1).to(torch.int32), fmt)
     elif fmt.bits == 4:
         halves = codes.add_(8).to(torch.uint8).view(num_rows, -1, 2, fmt.block_size // 2)
         code_bytes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).view(num_rows, numel // 2)
@@ -117,6 +125,29 @@ def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat, noise: torch.Tensor | 
         triples = torch.stack([low & 0xFF, (low >> 8) | ((high & 0xF) << 4), high >> 4], dim=-1)
         code_bytes = triples.to(torch.uint8).view(num_rows, fmt.code_nbytes(numel))
     return code_bytes, (absmax / fmt.scale_divisor).view(num_rows, -1)
+
+
+def _pack_planes(codes: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """Offset codes int32 [K, n] -> bytes uint8 [K, n * bits / 8] (the eight-plane layout)."""
+    num_rows, numel = codes.shape
+    planes = codes.view(num_rows, -1, 8, fmt.block_size // 8)  # [K, blocks, eighth, position]
+    words = planes[:, :, 0].clone()
+    for eighth in range(1, 8):
+        words |= planes[:, :, eighth] << (fmt.bits * eighth)
+    code_bytes = torch.stack([(words >> (8 * byte)) & 0xFF for byte in range(fmt.bits)], dim=-1)
+    return code_bytes.to(torch.uint8).view(num_rows, fmt.code_nbytes(numel))
+
+
+def _unpack_planes(code_bytes: torch.Tensor, fmt: BlockFormat, numel: int) -> torch.Tensor:
+    """Inverse of :func:`_pack_planes`, minus the offset: int32 codes [K, numel]."""
+    num_rows = code_bytes.shape[0]
+    grouped = code_bytes.reshape(num_rows, -1, fmt.block_size // 8, fmt.bits).to(torch.int32)
+    words = grouped[..., 0].clone()
+    for byte in range(1, fmt.bits):
+        words |= grouped[..., byte] << (8 * byte)
+    mask = (1 << fmt.bits) - 1
+    planes = torch.stack([(words >> (fmt.bits * eighth)) & mask for eighth in range(8)], dim=2)
+    return planes.view(num_rows, numel) - (fmt.max_code + 1)
 
 
 def _log_codes(scaled: torch.Tensor) -> torch.Tensor:
@@ -169,6 +200,8 @@ def dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int, dtype: torch.
     scales = rows[:, code_nbytes:].contiguous().view(torch.float32)  # [K, n/B]
     if fmt.bits == 8:
         codes = code_bytes.contiguous().view(torch.int8)
+    elif fmt.bits in PLANE_BITS:
+        codes = _unpack_planes(code_bytes, fmt, numel)
     elif fmt.bits == 4:
         per_block = code_bytes.reshape(num_rows, -1, fmt.block_size // 2)
         low = (per_block & 0xF).to(torch.int8) - 8

@@ -1,0 +1,165 @@
+"""The delta gather: across nodes only each shard's change since the copy the other nodes
+hold, block-quantized (docs/design.md section 4.5). The shape is the two-hop gather's; with
+rank ``r = n * D + d`` and shard ``S`` values::
+
+    hop 1  inside the node, compute dtype: the D shards of this node, exact
+    hop 2  across nodes, among the ranks with local index d: the packed change of shard
+           (n', d) of every node n', only after the masters changed
+    hop 3  inside the node: the other nodes' shards from the copies, in the compute dtype
+
+Rank (n, d) keeps ``reference`` [N, S] fp32: row n' is shard (n', d) as every rank with
+local index d has rebuilt it, its own row included. Each sends ``Q(master - own row)`` and
+every receiver adds the same dequantized bytes to the same row, so the copies stay
+bit-identical without ever being compared, and what rounding dropped this step is part of
+the next change (error feedback for free): the copy trails the master by at most half a
+quantization step of the last change. Backward repeats hops 1 and 3 from the unchanged
+copies, so it never crosses nodes: the copies are hpZ's secondary as well.
+
+The first gather of a flat, and the first after its masters were loaded, sends the masters
+exactly (fp32, phase ``weight_refresh``), which starts every copy from the same values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import traffic
+from ..quantization import dequantize, quantizer
+from ..topology import Layout
+from ..traffic import Traffic
+from .base import WeightGather
+
+REFRESH_PHASE = "weight_refresh"
+
+
+@dataclass
+class _Pending:
+    within_node: object | None  # hop 1's work
+    across_nodes: object | None  # hop 2's work, None when the copies are current
+    from_nodes: torch.Tensor | None  # [N, P] packed changes, or [N, S] fp32 masters when refreshing
+    refresh: bool
+    phase: str
+
+
+class DeltaGather(WeightGather):
+    def __init__(self, config, topology=None, communicator=None) -> None:
+        super().__init__(config, topology, communicator)
+        self.format = config.weight_delta_format
+        self.quantize = quantizer(config.compile_quantization)
+        self.references: dict[str, torch.Tensor] = {}  # flat name -> fp32 [N, S], kept across steps
+        self._current: set[str] = set()  # flats whose copies match their masters' last version
+
+    def start(self, flat, phase: str) -> _Pending:
+        nodes, per_node = self.topology.num_nodes, self.topology.ranks_per_node
+        node_rows = flat.full_data.view(nodes, per_node * flat.shard_numel)  # [N, D * S]
+        within_node = self.comm.all_gather(
+            node_rows[self.topology.node], flat.compute_shard(), self.topology.group("intra_node"), phase, flat.name
+        )
+        if flat.name in self._current:
+            return _Pending(within_node, None, None, False, phase)
+        refresh = flat.name not in self.references
+        if refresh:
+            payload, phase_across = flat.master.detach(), REFRESH_PHASE
+        else:
+            payload, phase_across = self.quantize(flat.master.detach() - self._own_row(flat), self.format), phase
+        from_nodes = payload.new_empty(nodes, payload.numel())  # [N, P] or [N, S]
+        across = self.comm.all_gather(from_nodes.view(-1), payload, self.topology.group("inter_node"), phase_across,
+                                      flat.name)
+        return _Pending(within_node, across, from_nodes, refresh, phase)
+
+    def finish(self, flat, pending: _Pending) -> torch.Tensor:
+        if pending.from_nodes is not None:
+            self._wait(pending.across_nodes)
+            self._update_references(flat, pending)
+        if self.topology.num_nodes > 1:
+            self._fill_other_nodes(flat, pending.phase)
+        self._wait(pending.within_node)
+        return flat.full_data
+
+    def _own_row(self, flat) -> torch.Tensor:
+        return self.references[flat.name][self.topology.node]
+
+    def _update_references(self, flat, pending: _Pending) -> None:
+        if pending.refresh:
+            self.references[flat.name] = pending.from_nodes.clone()
+        else:
+            self.references[flat.name] += dequantize(pending.from_nodes, self.format, flat.shard_numel)
+        self._current.add(flat.name)
+
+    def _fill_other_nodes(self, flat, phase: str) -> None:
+        """Hop 3: the other nodes' shards at this local index, from the copies, to every
+        local rank; each writes all of them into the buffer."""
+        nodes, per_node, node = self.topology.num_nodes, self.topology.ranks_per_node, self.topology.node
+        others = [n for n in range(nodes) if n != node]
+        remote = self.references[flat.name][others].to(flat.full_data.dtype).view(-1)  # [(N - 1) * S]
+        everyone = remote.new_empty(per_node, nodes - 1, flat.shard_numel)  # row d': local index d' 's copies
+        self._wait(self.comm.all_gather(everyone.view(-1), remote, self.topology.group("intra_node"), phase, flat.name))
+        full = flat.full_data.view(nodes, per_node, flat.shard_numel)
+        full[others] = everyone.transpose(0, 1)
+
+    def invalidate(self, flat) -> None:
+        self._current.discard(flat.name)
+
+    def forget(self, flat) -> None:
+        self._current.discard(flat.name)
+        self.references.pop(flat.name, None)
+
+    def saved_state(self, flat) -> torch.Tensor | None:
+        return self.references.get(flat.name)
+
+    def load_saved_state(self, flat, state: torch.Tensor) -> None:
+        """The copies as saved: the next gather sends the change since them, as the run
+        that saved would have."""
+        self.references[flat.name] = state.to(flat.master.device, torch.float32).clone()
+        self._current.discard(flat.name)
+
+    def holds_copy(self, flat) -> bool:
+        return flat.name in self._current
+
+    def kept_tensors(self) -> list[torch.Tensor]:
+        return list(self.references.values())
+
+    def quantization_error_sums(self, flats) -> tuple[float, float]:
+        """Error of this rank's shard as the other nodes hold it after the next gather
+        (computed aside, nothing sent or kept); 0 before the first (exact) refresh."""
+        error, norm = 0.0, 0.0
+        for flat in flats:
+            master = flat.master.detach()
+            norm += master.pow(2).sum().item()
+            if flat.name not in self.references:
+                continue
+            restored = self._own_row(flat)
+            if flat.name not in self._current:
+                change = dequantize(self.quantize(master - restored, self.format), self.format, flat.shard_numel)
+                restored = restored + change
+            error += (restored - master).pow(2).sum().item()
+        # As in the two-hop gather, (N - 1) / N of the ranks see a shard through a copy.
+        nodes = self.topology.num_nodes
+        return error * (nodes - 1) / nodes, norm
+
+    def chunk_bytes(self, shard_numel: int) -> int:
+        return shard_numel * self.compute_itemsize
+
+    def _across_chunk_bytes(self, shard_numel: int, phase: str) -> int:
+        if phase == REFRESH_PHASE:
+            return shard_numel * 4
+        return self.format.packed_nbytes(shard_numel)
+
+    def predicted_bytes(self, shard_numel: int, layout: Layout, rank: int, phase: str) -> Traffic:
+        """Forward after an optimizer step: hops 1, 2 (packed changes) and 3; backward right
+        after: hops 1 and 3; ``weight_refresh``: hop 2 with the fp32 masters alone."""
+        node_group, inter_group = traffic.intra_node(layout, rank), traffic.inter_node(layout, rank)
+        across = traffic.ring(layout, rank, inter_group, self._across_chunk_bytes(shard_numel, phase))
+        if phase == REFRESH_PHASE:
+            return across
+        hop1 = traffic.ring(layout, rank, node_group, shard_numel * self.compute_itemsize)
+        hop3 = Traffic()
+        if layout.num_nodes > 1:
+            hop3 = traffic.ring(layout, rank, node_group, (layout.num_nodes - 1) * shard_numel * self.compute_itemsize)
+        return hop1 + hop3 + (across if phase == "forward_gather" else Traffic())
+
+    def collective_steps(self, layout: Layout, phase: str) -> int:
+        across = layout.num_nodes - 1 if phase != "backward_gather" else 0
+        return 2 * (layout.ranks_per_node - 1) + across
