@@ -136,6 +136,10 @@ def _add_study(commands) -> None:
     convergence.add_argument("--eval-batches", type=positive_int, default=16, help="batches per validation loss")
     convergence.add_argument("--seeds", default="0,1,2",
                              help="comma-separated seeds; each runs ZeRO-3 and the main variants")
+    convergence.add_argument("--layout", default="2x2", help="NODESxRANKS, for example 2x2 or 4x1")
+    convergence.add_argument("--variants", default="all",
+                             help="'all' (main variants at every seed, extras at the first) or a comma-separated "
+                                  "list of zero3, zero++, two-hop, log-grid, deltas (at every seed)")
     convergence.add_argument("--out", default="runs/convergence", help="folder for the runs, table and plot")
     convergence.add_argument("--report-only", action="store_true", help="rebuild table and plot from finished runs")
 

@@ -1,9 +1,10 @@
 """``zeropp study convergence``: does the model learn as well under compressed communication?
 
-    zeropp study convergence --out runs/convergence          # ~6 minutes per run on 2 CPU cores, 21 runs
+    zeropp study convergence --out runs/convergence          # ~6 minutes per run on 2 CPU cores
+    zeropp study convergence --layout 4x1 --variants zero3,zero++,deltas --out runs/convergence_4x1
 
-Trains the GPT on the standard-library corpus, 4 ranks as 2 nodes x 2, under ZeRO-3 and each
-compressed variant. The main variants run once per seed, and every seed gives ZeRO-3 and the
+Trains the GPT on the standard-library corpus, by default 4 ranks as 2 nodes x 2, under
+ZeRO-3 and each compressed variant. The main variants run once per seed, and every seed gives ZeRO-3 and the
 variant the same initial weights and data order, so each gap is read as a paired difference
 (variant minus ZeRO-3 at the same seed); ZeRO-3's spread over seeds is the noise band.
 Extra variants run at the first seed only. Each finished run leaves
@@ -24,20 +25,27 @@ from zeropp.config import ZeroConfig
 from zeropp.launch import spawn_ranks
 from zeropp_tools.plan import ClusterModel, gpt_work, predict
 from zeropp.train import TrainConfig, train
+from zeropp_tools.bench.provenance import provenance
+from zeropp_tools.bench.comm import parse_layout
 
 logger = logging.getLogger(__name__)
 
 
-ZERO_PP = dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)
 BASELINE = "zero3"
 ZERO_PP_NAME = "zero++ (int8 w, int4/int4 g)"
 LOG_GRID_NAME = "ours + log grid (int12 w, int8/log4 g)"
-WORLD_SIZE = 4  # as 2 nodes x 2 ranks
-TWO_HOP = dict(ZERO_PP, two_hop_weight_gather=True, gradient_bits_intra_node=8)
+DELTAS_NAME = "ours + weight deltas (int3 changes, int8/log4 g)"
+# --variants keys of the main variants
+VARIANT_KEYS = {"zero3": BASELINE, "zero++": ZERO_PP_NAME, "two-hop": "ours (two-hop int12 w, int8/int4 g)",
+                "log-grid": LOG_GRID_NAME, "deltas": DELTAS_NAME}
+DEFAULT_WORLD_SIZE = 4  # studies before --layout ran 2 nodes x 2
 
 
-def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]:
-    """(main variants, run at every seed; extra variants, run at the first seed)."""
+def _variants(steps: int, ranks_per_node: int = 2) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]:
+    """(main variants, run at every seed; extra variants, run at the first seed). hpZ spans
+    the node."""
+    ZERO_PP = dict(quantized_weights=True, hpz_size=ranks_per_node, quantized_gradients=True)
+    TWO_HOP = dict(ZERO_PP, two_hop_weight_gather=True, gradient_bits_intra_node=8)
     main = {
         BASELINE: ZeroConfig(),
         ZERO_PP_NAME: ZeroConfig(**ZERO_PP),
@@ -49,6 +57,11 @@ def _variants(steps: int) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]
         # its own running scale, so what it needs is every value to within a fraction of its
         # size, which a uniform grid denies the small ones.
         LOG_GRID_NAME: ZeroConfig(**TWO_HOP, weight_bits=12, gradient_grid_inter_node="log"),
+        # Weights change little per step, and each node already holds last step's: send the
+        # change only, at 3 bits (what rounding drops is in the next change), with the log
+        # grid's gradients. Under half of ZeRO++'s bytes on 2 x 2 and 4 x 1.
+        DELTAS_NAME: ZeroConfig(weight_deltas=True, weight_delta_bits=3, quantized_gradients=True,
+                                gradient_bits_intra_node=8, gradient_grid_inter_node="log"),
     }
     extra = {
         # Deterministic rounding sends every gradient value under half a step to zero, so
@@ -82,37 +95,42 @@ def _run_name(name: str, seed: int) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_") + f"_seed{seed}"
 
 
-def _runs(seeds: list[int], steps: int) -> list[tuple[str, int, ZeroConfig]]:
-    main, extra = _variants(steps)
+def _runs(seeds: list[int], base: "TrainConfig", variants: list[str] | None) -> list[tuple[str, int, ZeroConfig]]:
+    """Every run of the study: all main variants at every seed and the extras at the first,
+    or only the ``variants`` (keys of :data:`VARIANT_KEYS`) at every seed."""
+    main, extra = _variants(base.steps, base.ranks_per_node)
+    if variants is not None:
+        return [(VARIANT_KEYS[key], seed, main[VARIANT_KEYS[key]]) for seed in seeds for key in variants]
     runs = [(name, seed, zero) for seed in seeds for name, zero in main.items()]
     return runs + [(name, seeds[0], zero) for name, zero in extra.items()]
 
 
-def _run_once(base: TrainConfig, out: Path, name: str, seed: int, zero: ZeroConfig) -> dict:
+def _run_once(base: TrainConfig, out: Path, name: str, seed: int, zero: ZeroConfig, world_size: int) -> dict:
     """Train one run, or read the summary a previous study left for it."""
     summary_path = out / f"{_run_name(name, seed)}.summary.json"
     if summary_path.exists():
         logger.info(f"{name}, seed {seed}: finished earlier, reusing {summary_path}")
         return json.loads(summary_path.read_text())
     config = replace(base, seed=seed, zero=zero, metrics_path=str(out / f"{_run_name(name, seed)}.jsonl"))
-    summary = spawn_ranks(train, WORLD_SIZE, (config,), timeout_s=6 * 3600)[0]
+    summary = spawn_ranks(train, world_size, (config,), timeout_s=6 * 3600)[0]
     kept = {"validation_loss": summary["validation_loss"], "tokens_per_s": summary["tokens_per_s"],
-            "config": summary["config"]}
+            "config": summary["config"], "world_size": world_size, "provenance": provenance()}
     summary_path.write_text(json.dumps(kept, indent=2) + "\n")
     logger.info(f"{name}, seed {seed}: final validation loss {kept['validation_loss']:.4f} "
           f"({kept['tokens_per_s']:,.0f} tokens/s)")
     return kept
 
 
-def run_study(base: TrainConfig, out: Path, seeds: list[int], report_only: bool = False) -> dict:
+def run_study(base: TrainConfig, out: Path, seeds: list[int], report_only: bool = False,
+              world_size: int = DEFAULT_WORLD_SIZE, variants: list[str] | None = None) -> dict:
     """Train every missing run (none with ``report_only``), then write the table and plot
     over the finished ones."""
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[int, dict]] = {}
-    for name, seed, zero in _runs(seeds, base.steps):
+    for name, seed, zero in _runs(seeds, base, variants):
         finished = (out / f"{_run_name(name, seed)}.summary.json").exists()
         if finished or not report_only:
-            results.setdefault(name, {})[seed] = _run_once(base, out, name, seed, zero)
+            results.setdefault(name, {})[seed] = _run_once(base, out, name, seed, zero, world_size)
     if BASELINE not in results:
         raise ValueError(f"no finished {BASELINE} run in {out}: nothing to compare against")
     report = _table(results)
@@ -141,7 +159,7 @@ def _table(results: dict[str, dict[int, dict]]) -> dict:
             "mean_gap_percent": statistics.mean(gaps.values()),
             # Of the mean gap, over seeds: how far the mean could move with other seeds.
             "gap_standard_error": statistics.stdev(gaps.values()) / len(gaps) ** 0.5 if len(gaps) > 1 else None,
-            "node_link_bytes_per_step": _node_link_bytes(next(iter(runs.values()))["config"]),
+            "node_link_bytes_per_step": _node_link_bytes(*_config_and_world(next(iter(runs.values())))),
         }
     losses = list(baseline.values())
     noise = (max(losses) - min(losses)) / statistics.mean(losses) * 100 if len(losses) > 1 else None
@@ -151,6 +169,8 @@ def _table(results: dict[str, dict[int, dict]]) -> dict:
 def _versus(rows: dict) -> dict:
     """Per main variant: its gap minus ZeRO++'s at each shared seed, the mean and its
     standard error (the question the study asks: closer to ZeRO-3 than ZeRO++?)."""
+    if ZERO_PP_NAME not in rows:
+        return {}
     reference = rows[ZERO_PP_NAME]["gap_percent"]
     result = {}
     for name, row in rows.items():
@@ -163,17 +183,21 @@ def _versus(rows: dict) -> dict:
     return result
 
 
-def _node_link_bytes(config: dict) -> int:
+def _node_link_bytes(config: dict, world_size: int = DEFAULT_WORLD_SIZE) -> int:
     """Most bytes of any training step into one node over its link, from the accounting (which the
     tests hold equal to the bytes each rank's collectives received, and the emulated
     cluster's interface counters to within 1%)."""
     zero = ZeroConfig(**config["zero"])
     work = gpt_work(config["model_size"], config["batch_per_rank"] * config["seq_len"], flops_per_s=1.0)
     per_node = config["ranks_per_node"]
-    cluster = ClusterModel(num_nodes=WORLD_SIZE // per_node, ranks_per_node=per_node, inter_node_bytes_per_s=1.0)
+    cluster = ClusterModel(num_nodes=world_size // per_node, ranks_per_node=per_node, inter_node_bytes_per_s=1.0)
     # The most of any step: before and after a change of bits.
     phases = (zero.at_step(0), zero.at_step(config["steps"]))
     return max(predict(work, cluster, phase)["inter_node_bytes_per_step"] for phase in phases)
+
+
+def _config_and_world(run: dict) -> tuple[dict, int]:
+    return run["config"], run.get("world_size", DEFAULT_WORLD_SIZE)
 
 
 def _markdown(report: dict) -> str:
@@ -200,6 +224,13 @@ def _markdown(report: dict) -> str:
 
 
 def _curves(path: Path) -> tuple[list[int], list[float]]:
+    """(steps, validation losses) of one run: from its metrics, or, for a run whose metrics
+    were not kept, from the ``curves.json`` an earlier report left beside it."""
+    if not path.exists():
+        stored = json.loads((path.parent / "curves.json").read_text()).get(path.name.removesuffix(".jsonl"))
+        if stored is None:
+            raise ValueError(f"{path} is missing and {path.parent / 'curves.json'} has no curve for it")
+        return stored["steps"], stored["validation_loss"]
     steps, losses = [], []
     for line in path.read_text().splitlines():
         record = json.loads(line)
@@ -247,9 +278,21 @@ def main(args) -> int:
         seeds = [int(seed) for seed in args.seeds.split(",")]
     except ValueError:
         raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    num_nodes, ranks_per_node = parse_layout(args.layout)
+    variants = None
+    if args.variants != "all":
+        variants = [key.strip() for key in args.variants.split(",")]
+        unknown = [key for key in variants if key not in VARIANT_KEYS]
+        if unknown:
+            raise ValueError(f"--variants: unknown {unknown}; allowed values: 'all' or a comma-separated list of "
+                             f"{list(VARIANT_KEYS)}")
+        if "zero3" not in variants:
+            raise ValueError("--variants must include zero3: every gap is paired with it")
     base = TrainConfig(
         model_size=args.model, steps=args.steps, batch_per_rank=args.batch_per_rank, seq_len=args.seq_len,
-        learning_rate=args.lr, eval_every=args.eval_every, eval_batches=args.eval_batches, ranks_per_node=2,
+        learning_rate=args.lr, eval_every=args.eval_every, eval_batches=args.eval_batches,
+        ranks_per_node=ranks_per_node,
     )
-    run_study(base, Path(args.out), seeds, report_only=args.report_only)
+    run_study(base, Path(args.out), seeds, report_only=args.report_only, world_size=num_nodes * ranks_per_node,
+              variants=variants)
     return 0
