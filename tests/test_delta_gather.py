@@ -136,13 +136,16 @@ def test_reconstruction_error_is_bounded_and_does_not_grow_over_1000_steps():
         assert max(ratios) < 0.5
 
 
-def train(rank, world_size, configs, steps=4):
+def train(rank, world_size, configs, steps=4, freeze_first_block=False):
     topology = Topology.from_environment(ranks_per_node=2)
     tokens = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(rank))
     results = []
     for config in configs:
         torch.manual_seed(0)
-        model = ShardedModel(GPT(GPTConfig.preset("tiny", block_size=32)), topology, config, unit_classes=(Block,))
+        module = GPT(GPTConfig.preset("tiny", block_size=32))
+        if freeze_first_block:
+            module.blocks[0].requires_grad_(False)
+        model = ShardedModel(module, topology, config, unit_classes=(Block,))
         optimizer = ShardedOptimizer(model, lambda params: torch.optim.AdamW(params, lr=1e-3))
         losses = []
         for _ in range(steps):
@@ -179,6 +182,18 @@ def test_training_tracks_zero3_and_bytes_match_the_accounting():
 
     # INT3 changes through the two-hop shape plus qgZ: under half of ZeRO++'s bytes over the link.
     assert node_link(3) < 0.5 * node_link(1)
+
+
+def test_frozen_weights_stay_inside_the_node_after_the_first_gather():
+    config = ZeroConfig(weight_deltas=True, weight_delta_bits=3, quantization_block_size=BLOCK)
+    with_frozen, all_trainable = (spawn_ranks(train, 4, ([config], 3, freeze)) for freeze in (True, False))
+    for frozen, trainable in zip(with_frozen, all_trainable):
+        for run in (frozen[0], trainable[0]):
+            for phase, predicted in run["predicted"].items():
+                for key, value in predicted.items():
+                    assert run["measured"][phase][key] == value, (phase, key)
+        forward = [run[0]["measured"]["forward_gather"]["received_inter_node"] for run in (frozen, trainable)]
+        assert 0 < forward[0] < forward[1]  # the frozen block's changes are not sent
 
 
 def resume_run(rank, world_size, root):

@@ -28,6 +28,7 @@ def parse_dtype(field_name: str, value: str | torch.dtype) -> torch.dtype:
 
 
 GRADIENT_SCALE_DTYPES = ("fp32", "bf16")
+QUANTIZATION_BITS = (4, 8, 12)  # qwZ and qgZ; the 2- and 3-bit formats are for weight changes
 DELTA_BITS = (2, 3, 4, 8)
 AUTO_CHOSEN_FIELDS = ("quantized_weights", "two_hop_weight_gather", "hpz_size", "quantized_gradients", "weight_deltas")
 
@@ -167,6 +168,9 @@ class ZeroConfig:
         self._check_weight_deltas()
         for name in ("weight_bits", "weight_delta_bits", "gradient_bits_intra_node", "gradient_bits_inter_node", "late_weight_bits",
                      "late_gradient_bits_inter_node"):
+            if name != "weight_delta_bits" and getattr(self, name) not in QUANTIZATION_BITS:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not supported; allowed values: "
+                                 f"{list(QUANTIZATION_BITS)}")
             grid = self.gradient_grid_inter_node if "gradient_bits_inter_node" in name else "uniform"
             try:
                 BlockFormat(getattr(self, name), self.quantization_block_size, grid)

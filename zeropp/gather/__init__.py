@@ -25,8 +25,10 @@ def select_weight_gather(config: ZeroConfig, topology: "Topology | None" = None,
     """The gather ``config`` asks for. Without a topology and communicator it can only
     predict bytes (the accounting and the planner use it that way)."""
     if config.weight_deltas:
-        primary = DeltaGather(config, topology, communicator)  # keeps its own copy inside the node
-    elif config.two_hop_weight_gather:
+        # Its copies of frozen flats are never invalidated: after the first gather they stay
+        # inside the node, exact, which is what MixZ++ would give them.
+        return DeltaGather(config, topology, communicator)
+    if config.two_hop_weight_gather:
         primary = TwoHopGather(config, topology, communicator)
     elif config.quantized_weights:
         primary = QuantizedGather(config, topology, communicator)

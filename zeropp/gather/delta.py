@@ -1,5 +1,5 @@
 """The delta gather: across nodes only each shard's change since the copy the other nodes
-hold, block-quantized (docs/design.md section 4.5). The shape is the two-hop gather's; with
+hold, block-quantized (docs/design.md section 4.6). The shape is the two-hop gather's; with
 rank ``r = n * D + d`` and shard ``S`` values::
 
     hop 1  inside the node, compute dtype: the D shards of this node, exact
@@ -163,3 +163,24 @@ class DeltaGather(WeightGather):
     def collective_steps(self, layout: Layout, phase: str) -> int:
         across = layout.num_nodes - 1 if phase != "backward_gather" else 0
         return 2 * (layout.ranks_per_node - 1) + across
+
+    def for_flat(self, requires_grad: bool) -> WeightGather:
+        return self if requires_grad else _FrozenPrediction(self)
+
+
+class _FrozenPrediction(WeightGather):
+    """The accounting's view of frozen flats under the delta gather: their masters never
+    change, so after the first gather every gather is the backward one (hops 1 and 3)."""
+
+    def __init__(self, gather: DeltaGather) -> None:
+        super().__init__(gather.config)
+        self.gather = gather
+
+    def chunk_bytes(self, shard_numel: int) -> int:
+        return self.gather.chunk_bytes(shard_numel)
+
+    def predicted_bytes(self, shard_numel: int, layout: Layout, rank: int, phase: str) -> Traffic:
+        return self.gather.predicted_bytes(shard_numel, layout, rank, "backward_gather")
+
+    def collective_steps(self, layout: Layout, phase: str) -> int:
+        return self.gather.collective_steps(layout, "backward_gather")

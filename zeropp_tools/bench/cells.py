@@ -21,8 +21,10 @@ VARIANTS = {
     "zero++": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz"],
     "zero++-two-hop": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--two-hop-gather"],
     "auto": ["--auto"],
+    # Issue 17's setting: INT3 weight changes through the two-hop shape, log-grid gradients.
+    "deltas": ["--weight-deltas", "--weight-delta-bits", "3", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
 }
-"""zeropp's variants as ``zeropp train`` flags; the names are auto mode's candidates'."""
+"""zeropp's variants as ``zeropp train`` flags; the names up to auto are auto mode's candidates'."""
 
 
 def _bandwidth(text: str) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .values import (
-    BIT_WIDTHS, GRADIENT_GRIDS, GRADIENT_SCALE_DTYPES, MODEL_SIZES, PRECISIONS, gradient_bit_pair, non_negative_int,
+    BIT_WIDTHS, DELTA_BIT_WIDTHS, GRADIENT_GRIDS, GRADIENT_SCALE_DTYPES, MODEL_SIZES, PRECISIONS, gradient_bit_pair, non_negative_int,
     positive_float, positive_int,
 )
 
@@ -57,13 +57,18 @@ def _add_optimization(group) -> None:
 def _add_communication(group) -> None:
     group.add_argument("--auto", action="store_true",
                        help="auto mode: probe the links, pick qwZ/hpZ/qgZ/two-hop for them, re-plan when they change "
-                            "(not with --qwz, --hpz, --qgz, --two-hop-gather)")
+                            "(not with --qwz, --hpz, --qgz, --two-hop-gather, --weight-deltas)")
     group.add_argument("--auto-probe-every", type=positive_int, default=5,
                        help="auto mode: training steps between two probes of the inter-node link")
     group.add_argument("--qwz", action="store_true", help="qwZ: block-quantized weight all-gather")
     group.add_argument("--weight-bits", type=int, default=8, choices=BIT_WIDTHS, help="qwZ bits per weight")
     group.add_argument("--two-hop-gather", action="store_true",
                        help="gather weights in two hops: this node's shards exact, only other nodes' across")
+    group.add_argument("--weight-deltas", action="store_true",
+                       help="send across nodes only the weights' change since the copy each node holds (two-hop "
+                            "shape, its own backward copy; not with --qwz, --hpz, --two-hop-gather)")
+    group.add_argument("--weight-delta-bits", type=int, default=4, choices=DELTA_BIT_WIDTHS,
+                       help="bits per value of the weight changes sent across nodes")
     group.add_argument("--hpz", type=positive_int, default=1,
                        help="hpZ secondary partition size in ranks (1 = off; must divide the ranks per node)")
     group.add_argument("--qgz", action="store_true", help="qgZ: quantized two-hop gradient reduce-scatter")

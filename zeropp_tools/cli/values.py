@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from zeropp.config import DTYPES, GRADIENT_SCALE_DTYPES
+from zeropp.config import DELTA_BITS, DTYPES, GRADIENT_SCALE_DTYPES, QUANTIZATION_BITS
 from zeropp.models.gpt import GPT_PRESETS
-from zeropp.quantization.blocks import GRIDS, SUPPORTED_BITS
+from zeropp.quantization.blocks import GRIDS
 
 MODEL_SIZES = tuple(GPT_PRESETS)
 PRECISIONS = tuple(DTYPES)
-BIT_WIDTHS = tuple(SUPPORTED_BITS)
+BIT_WIDTHS = QUANTIZATION_BITS
+DELTA_BIT_WIDTHS = DELTA_BITS
 GRADIENT_GRIDS = tuple(GRIDS)
-__all__ = ["BIT_WIDTHS", "GRADIENT_GRIDS", "GRADIENT_SCALE_DTYPES", "MODEL_SIZES", "PRECISIONS"]
+__all__ = ["BIT_WIDTHS", "DELTA_BIT_WIDTHS", "GRADIENT_GRIDS", "GRADIENT_SCALE_DTYPES", "MODEL_SIZES", "PRECISIONS"]
 
 
 def positive_int(text: str) -> int:
