@@ -181,7 +181,7 @@ def _add_bench_throughput(bench) -> None:
     throughput.add_argument("--nodes", type=positive_int, default=2, help="emulated nodes")
     throughput.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
     throughput.add_argument("--bandwidths", default="none,1000,200,50", help="Mbit/s per node link; none = unshaped")
-    throughput.add_argument("--variants", default="zero3,qwz,hpz,qgz,qwz+qgz,zero++,zero++-two-hop,auto,fsdp2,"
+    throughput.add_argument("--variants", default="zero3,qwz,hpz,qgz,qwz+qgz,zero++,zero++-two-hop,deltas,auto,fsdp2,"
                             "fsdp2-prefetch,fsdp2-reshard-node,fsdp2-hsdp,fsdp2-hsdp-prefetch,deepspeed-zero3,"
                             "deepspeed-zero3-small-buckets,deepspeed-zero++,deepspeed-zero++-small-buckets",
                             help="comma-separated variants; the DeepSpeed ones need `make deepspeed-setup`")
