@@ -83,8 +83,9 @@ class ZeroConfig:
     (it replaces hpZ and qwZ: leave ``hpz_size``, ``quantized_weights`` and
     ``two_hop_weight_gather`` at their defaults). Costs an fp32 copy of 1/(ranks per node)
     of the model per rank."""
-    weight_delta_bits: int = 4
-    """Bits per value of the weight changes the delta gather sends across nodes (2, 3, 4, 8)."""
+    weight_delta_bits: int = 3
+    """Bits per value of the weight changes the delta gather sends across nodes (2, 3, 4, 8);
+    3 keeps a node link under half of ZeRO++'s bytes with 4-bit gradients (docs/results/convergence.md)."""
 
     # --- Gradient reduction (docs/design.md section 5): plain or qgZ and its options.
     quantized_gradients: bool = False

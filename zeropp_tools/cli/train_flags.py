@@ -67,7 +67,7 @@ def _add_communication(group) -> None:
     group.add_argument("--weight-deltas", action="store_true",
                        help="send across nodes only the weights' change since the copy each node holds (two-hop "
                             "shape, its own backward copy; not with --qwz, --hpz, --two-hop-gather)")
-    group.add_argument("--weight-delta-bits", type=int, default=4, choices=DELTA_BIT_WIDTHS,
+    group.add_argument("--weight-delta-bits", type=int, default=3, choices=DELTA_BIT_WIDTHS,
                        help="bits per value of the weight changes sent across nodes")
     group.add_argument("--hpz", type=positive_int, default=1,
                        help="hpZ secondary partition size in ranks (1 = off; must divide the ranks per node)")
