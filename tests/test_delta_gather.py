@@ -156,7 +156,7 @@ def train(rank, world_size, configs, steps=4, freeze_first_block=False):
             optimizer.zero_grad()
             losses.append(loss.item())
         results.append({"losses": losses, "measured": model.comm_log.totals_by_phase(),
-                        "predicted": model.predicted_step_bytes()})
+                        "predicted": model.predicted_step_bytes(), "weight_error": model.weight_quantization_error()})
     return results
 
 
@@ -182,6 +182,9 @@ def test_training_tracks_zero3_and_bytes_match_the_accounting():
 
     # INT3 changes through the two-hop shape plus qgZ: under half of ZeRO++'s bytes over the link.
     assert node_link(3) < 0.5 * node_link(1)
+    # The metrics' weight error sees the copies: none without quantization, more with fewer bits.
+    errors = [run["weight_error"] for run in per_rank[0]]
+    assert errors[0] is None and 0 < errors[2] < errors[3] < 0.05
 
 
 def test_frozen_weights_stay_inside_the_node_after_the_first_gather():

@@ -18,12 +18,31 @@ def test_selected_variants_run_at_every_seed_with_hpz_over_the_node():
     everything = convergence._runs([0, 1], TrainConfig(model_size="small", steps=100, ranks_per_node=2), None)
     main, extra = convergence._variants(100, 2)
     assert len(everything) == 2 * len(main) + len(extra)
+    assert {zero.compute_dtype for _, _, zero in everything} == {"fp32"}
+
+
+def test_every_run_computes_in_the_chosen_precision():
+    base = TrainConfig(model_size="medium", steps=100, ranks_per_node=2)
+    runs = convergence._runs([0], base, ["zero3", "zero++", "deltas"], compute_dtype="bf16")
+    assert [zero.compute_dtype for _, _, zero in runs] == ["bf16"] * 3
+    assert runs[2][2].weight_deltas and runs[1][2].quantized_weights  # the variants keep their schemes
+
+
+def test_the_table_states_resting_memory_where_runs_recorded_it():
+    config = {"zero": {}, "model_size": "small", "batch_per_rank": 1, "seq_len": 8, "ranks_per_node": 2,
+              "steps": 10}
+    run = {"validation_loss": 2.0, "config": config, "world_size": 4}
+    results = {convergence.BASELINE: {0: run}, convergence.DELTAS_NAME: {0: dict(run, resting_bytes_per_rank=5e6)}}
+    table = convergence._markdown(convergence._table(results))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert rows[convergence.DELTAS_NAME].endswith("| 5.00 |")
+    assert rows[convergence.BASELINE].endswith("| - |")
 
 
 @pytest.mark.parametrize("variants,message", [("zero3,fast", "--variants"), ("zero++,deltas", "zero3")])
 def test_bad_variants_are_named(variants, message):
     arguments = argparse.Namespace(seeds="0", layout="2x2", variants=variants, model="small", steps=10,
                                    batch_per_rank=1, seq_len=8, lr=1e-3, eval_every=5, eval_batches=1,
-                                   out="unused", report_only=True)
+                                   out="unused", report_only=True, precision="fp32")
     with pytest.raises(ValueError, match=message):
         convergence.main(arguments)

@@ -25,7 +25,7 @@ def weight_quantization_error(model) -> float | None:
     """Relative L2 error of the gathered weights against the fp32 masters over the whole
     model (collective); None when the gather quantizes nothing."""
     config = model.active_config
-    if not (config.quantized_weights or config.quantized_nontrainable_weights):
+    if not (config.quantized_weights or config.quantized_nontrainable_weights or config.weight_deltas):
         return None
     sums = torch.tensor(model.weight_gather.quantization_error_sums(model.flat_params()), dtype=torch.float64,
                         device=model.topology.device)

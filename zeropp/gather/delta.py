@@ -123,7 +123,10 @@ class DeltaGather(WeightGather):
 
     def quantization_error_sums(self, flats) -> tuple[float, float]:
         """Error of this rank's shard as the other nodes hold it after the next gather
-        (computed aside, nothing sent or kept); 0 before the first (exact) refresh."""
+        (computed aside, nothing sent or kept); 0 before the first (exact) refresh. Called
+        between an optimizer step and the next forward, when the engine has not yet told
+        the gather that the masters moved: a trainable flat is taken to send its change,
+        a frozen one to keep its copy."""
         error, norm = 0.0, 0.0
         for flat in flats:
             master = flat.master.detach()
@@ -131,7 +134,7 @@ class DeltaGather(WeightGather):
             if flat.name not in self.references:
                 continue
             restored = self._own_row(flat)
-            if flat.name not in self._current:
+            if flat.requires_grad or flat.name not in self._current:
                 change = dequantize(self.quantize(master - restored, self.format), self.format, flat.shard_numel)
                 restored = restored + change
             error += (restored - master).pow(2).sum().item()

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..config import ZeroConfig
 from ..engine import ShardedModel
-from ..memory import process_resources
+from ..memory import process_resources, resting_bytes_sharded
 from ..models import GPTConfig
 from ..optim import ShardedOptimizer
 from ..topology import Topology
@@ -137,6 +137,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
         job.export(config.export_dir)
     lifetime = [None] * world_size  # every rank's bytes over the whole run, init and evaluation included
     dist.all_gather_object(lifetime, dict(model.comm_log.lifetime))
+    resting = torch.tensor(resting_bytes_sharded(model, optimizer), dtype=torch.float64, device=topology.device)
+    dist.all_reduce(resting, op=dist.ReduceOp.MAX)
     return {
         "config": _describe(config, topology, model),
         "final_train_loss": losses[-1] if losses else None,
@@ -147,6 +149,9 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
         "comm_per_step": comm_table,
         "losses": losses,
         "comm_total_by_rank": lifetime,
+        # Most bytes any rank holds between steps: shards, gradients, optimizer state and
+        # what the weight gather keeps (hpZ parts, quantized caches, delta copies).
+        "resting_bytes_per_rank": int(resting.item()),
         "first_step": first_step,
         "skipped_steps": optimizer.skipped_steps,
         "auto_decisions": [asdict(decision) for decision in model.auto_tuner.decisions] if model.auto_tuner else None,

@@ -140,6 +140,9 @@ def _add_study(commands) -> None:
     convergence.add_argument("--variants", default="all",
                              help="'all' (main variants at every seed, extras at the first) or a comma-separated "
                                   "list of zero3, zero++, two-hop, log-grid, deltas (at every seed)")
+    convergence.add_argument("--precision", default="fp32", choices=("auto", *PRECISIONS),
+                             help="compute dtype of every run; auto: bf16 where the CPU computes it natively, "
+                                  "else fp32 (the stored small-model study is fp32)")
     convergence.add_argument("--out", default="runs/convergence", help="folder for the runs, table and plot")
     convergence.add_argument("--report-only", action="store_true", help="rebuild table and plot from finished runs")
 

@@ -25,7 +25,7 @@ from zeropp.config import ZeroConfig
 from zeropp.launch import spawn_ranks
 from zeropp_tools.plan import ClusterModel, gpt_work, predict
 from zeropp.train import TrainConfig, train
-from zeropp_tools.bench.provenance import provenance
+from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.bench.comm import parse_layout
 
 logger = logging.getLogger(__name__)
@@ -95,14 +95,18 @@ def _run_name(name: str, seed: int) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_") + f"_seed{seed}"
 
 
-def _runs(seeds: list[int], base: "TrainConfig", variants: list[str] | None) -> list[tuple[str, int, ZeroConfig]]:
+def _runs(seeds: list[int], base: "TrainConfig", variants: list[str] | None,
+          compute_dtype: str = "fp32") -> list[tuple[str, int, ZeroConfig]]:
     """Every run of the study: all main variants at every seed and the extras at the first,
-    or only the ``variants`` (keys of :data:`VARIANT_KEYS`) at every seed."""
+    or only the ``variants`` (keys of :data:`VARIANT_KEYS`) at every seed; all of them
+    computing in ``compute_dtype``."""
     main, extra = _variants(base.steps, base.ranks_per_node)
     if variants is not None:
-        return [(VARIANT_KEYS[key], seed, main[VARIANT_KEYS[key]]) for seed in seeds for key in variants]
-    runs = [(name, seed, zero) for seed in seeds for name, zero in main.items()]
-    return runs + [(name, seeds[0], zero) for name, zero in extra.items()]
+        runs = [(VARIANT_KEYS[key], seed, main[VARIANT_KEYS[key]]) for seed in seeds for key in variants]
+    else:
+        runs = [(name, seed, zero) for seed in seeds for name, zero in main.items()]
+        runs += [(name, seeds[0], zero) for name, zero in extra.items()]
+    return [(name, seed, replace(zero, compute_dtype=compute_dtype)) for name, seed, zero in runs]
 
 
 def _run_once(base: TrainConfig, out: Path, name: str, seed: int, zero: ZeroConfig, world_size: int) -> dict:
@@ -114,7 +118,8 @@ def _run_once(base: TrainConfig, out: Path, name: str, seed: int, zero: ZeroConf
     config = replace(base, seed=seed, zero=zero, metrics_path=str(out / f"{_run_name(name, seed)}.jsonl"))
     summary = spawn_ranks(train, world_size, (config,), timeout_s=6 * 3600)[0]
     kept = {"validation_loss": summary["validation_loss"], "tokens_per_s": summary["tokens_per_s"],
-            "config": summary["config"], "world_size": world_size, "provenance": provenance()}
+            "config": summary["config"], "world_size": world_size, "provenance": provenance(),
+            "resting_bytes_per_rank": summary["resting_bytes_per_rank"]}
     summary_path.write_text(json.dumps(kept, indent=2) + "\n")
     logger.info(f"{name}, seed {seed}: final validation loss {kept['validation_loss']:.4f} "
           f"({kept['tokens_per_s']:,.0f} tokens/s)")
@@ -122,12 +127,13 @@ def _run_once(base: TrainConfig, out: Path, name: str, seed: int, zero: ZeroConf
 
 
 def run_study(base: TrainConfig, out: Path, seeds: list[int], report_only: bool = False,
-              world_size: int = DEFAULT_WORLD_SIZE, variants: list[str] | None = None) -> dict:
+              world_size: int = DEFAULT_WORLD_SIZE, variants: list[str] | None = None,
+              compute_dtype: str = "fp32") -> dict:
     """Train every missing run (none with ``report_only``), then write the table and plot
     over the finished ones."""
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[int, dict]] = {}
-    for name, seed, zero in _runs(seeds, base, variants):
+    for name, seed, zero in _runs(seeds, base, variants, compute_dtype):
         finished = (out / f"{_run_name(name, seed)}.summary.json").exists()
         if finished or not report_only:
             results.setdefault(name, {})[seed] = _run_once(base, out, name, seed, zero, world_size)
@@ -160,6 +166,9 @@ def _table(results: dict[str, dict[int, dict]]) -> dict:
             # Of the mean gap, over seeds: how far the mean could move with other seeds.
             "gap_standard_error": statistics.stdev(gaps.values()) / len(gaps) ** 0.5 if len(gaps) > 1 else None,
             "node_link_bytes_per_step": _node_link_bytes(*_config_and_world(next(iter(runs.values())))),
+            # Measured at the end of a run; runs from before it was recorded have none.
+            "resting_bytes_per_rank": next(
+                (run["resting_bytes_per_rank"] for run in runs.values() if "resting_bytes_per_rank" in run), None),
         }
     losses = list(baseline.values())
     noise = (max(losses) - min(losses)) / statistics.mean(losses) * 100 if len(losses) > 1 else None
@@ -203,16 +212,18 @@ def _config_and_world(run: dict) -> tuple[dict, int]:
 def _markdown(report: dict) -> str:
     seeds = report["seeds"]
     header = ("| run | " + " | ".join(f"loss, seed {s}" for s in seeds)
-              + " | paired gap per seed | mean gap ± standard error | MB/step over a node's link |")
-    lines = [header, "|---" * (len(seeds) + 4) + "|"]
+              + " | paired gap per seed | mean gap ± standard error | MB/step over a node's link | MB at rest per rank |")
+    lines = [header, "|---" * (len(seeds) + 5) + "|"]
     for name, row in report["runs"].items():
         final = row["final_validation_loss"]
         losses = " | ".join(f"{final[s]:.4f}" if s in final else "-" for s in seeds)
         gaps = ", ".join(f"{gap:+.2f}%" for gap in row["gap_percent"].values())
         error = row["gap_standard_error"]
         mean = f"{row['mean_gap_percent']:+.2f}%" + (f" ± {error:.2f}" if error else "")
+        resting = row.get("resting_bytes_per_rank")
+        resting_text = f"{resting / 1e6:.2f}" if resting else "-"
         lines.append(f"| {name} | {losses} | {gaps} | {mean} | "
-                     f"{row['node_link_bytes_per_step'] / 1e6:.3f} |")
+                     f"{row['node_link_bytes_per_step'] / 1e6:.3f} | {resting_text} |")
     if report["noise_band_percent"] is not None:
         lines.append("\nZeRO-3 final validation loss across seeds (max - min over mean): "
                      f"{report['noise_band_percent']:.2f}%")
@@ -293,6 +304,8 @@ def main(args) -> int:
         learning_rate=args.lr, eval_every=args.eval_every, eval_batches=args.eval_batches,
         ranks_per_node=ranks_per_node,
     )
+    compute_dtype, why = chosen_precision(args.precision)
+    logger.info(f"computing in {compute_dtype} ({why})")
     run_study(base, Path(args.out), seeds, report_only=args.report_only, world_size=num_nodes * ranks_per_node,
-              variants=variants)
+              variants=variants, compute_dtype=compute_dtype)
     return 0
