@@ -46,3 +46,10 @@ def test_bad_variants_are_named(variants, message):
                                    out="unused", report_only=True, precision="fp32")
     with pytest.raises(ValueError, match=message):
         convergence.main(arguments)
+
+
+def test_summaries_stored_under_a_renamed_field_still_report():
+    config = {"zero": {"hierarchical_weight_gather": True, "quantized_weights": True, "weight_bits": 12},
+              "model_size": "small", "batch_per_rank": 8, "seq_len": 128, "ranks_per_node": 2, "steps": 1500}
+    renamed = dict(config, zero={"two_hop_weight_gather": True, "quantized_weights": True, "weight_bits": 12})
+    assert convergence._node_link_bytes(config) == convergence._node_link_bytes(renamed) > 0

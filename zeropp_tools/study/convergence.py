@@ -39,6 +39,8 @@ DELTAS_NAME = "ours + weight deltas (int3 changes, int8/log4 g)"
 VARIANT_KEYS = {"zero3": BASELINE, "zero++": ZERO_PP_NAME, "two-hop": "ours (two-hop int12 w, int8/int4 g)",
                 "log-grid": LOG_GRID_NAME, "deltas": DELTAS_NAME}
 DEFAULT_WORLD_SIZE = 4  # studies before --layout ran 2 nodes x 2
+# ZeroConfig fields renamed since stored summaries were written: old name -> new name
+RENAMED_FIELDS = {"hierarchical_weight_gather": "two_hop_weight_gather"}
 
 
 def _variants(steps: int, ranks_per_node: int = 2) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]:
@@ -196,7 +198,7 @@ def _node_link_bytes(config: dict, world_size: int = DEFAULT_WORLD_SIZE) -> int:
     """Most bytes of any training step into one node over its link, from the accounting (which the
     tests hold equal to the bytes each rank's collectives received, and the emulated
     cluster's interface counters to within 1%)."""
-    zero = ZeroConfig(**config["zero"])
+    zero = ZeroConfig(**{RENAMED_FIELDS.get(name, name): value for name, value in config["zero"].items()})
     work = gpt_work(config["model_size"], config["batch_per_rank"] * config["seq_len"], flops_per_s=1.0)
     per_node = config["ranks_per_node"]
     cluster = ClusterModel(num_nodes=world_size // per_node, ranks_per_node=per_node, inter_node_bytes_per_s=1.0)
