@@ -30,6 +30,19 @@ def test_fast_path_produces_the_reference_codes(bits, grid, block_size):
     assert torch.equal(values, sample(block_size * 12))  # the kernel works in place on its own copy only
 
 
+def test_log_grid_codes_at_the_midpoints_between_levels():
+    # Every midpoint between two levels (2^-7 and 1.5 * 2^(k-8)), one float below and above,
+    # both signs, with absmax 1 so the scaled values are these exactly.
+    midpoints = torch.tensor([2.0**-7] + [1.5 * 2.0 ** (k - 8) for k in range(2, 8)])
+    below = torch.nextafter(midpoints, torch.zeros_like(midpoints))
+    above = torch.nextafter(midpoints, torch.ones_like(midpoints))
+    values = torch.cat([midpoints, below, above, torch.tensor([1.0, 0.0, -0.0, 2.0**-9])])
+    values = torch.cat([values, -values])
+    values = torch.cat([values, torch.zeros(64 - values.numel() % 64)])
+    fmt = BlockFormat(4, 64, "log")
+    assert torch.equal(quantize(values, fmt), reference_quantize(values, fmt))
+
+
 @pytest.mark.parametrize("bits", [2, 3, 4, 8, 12])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_error_within_half_a_step_per_block(bits, dtype):

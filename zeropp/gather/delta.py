@@ -2,18 +2,20 @@
 hold, block-quantized (docs/design.md section 4.6). The shape is the two-hop gather's; with
 rank ``r = n * D + d`` and shard ``S`` values::
 
-    hop 1  inside the node, compute dtype: the D shards of this node, exact
-    hop 2  across nodes, among the ranks with local index d: the packed change of shard
-           (n', d) of every node n', only after the masters changed
-    hop 3  inside the node: the other nodes' shards from the copies, in the compute dtype
+    across  among the ranks with local index d: the packed change of shard (n', d) of
+            every node n', only after the masters changed
+    within  inside the node, compute dtype: every local rank's row of N shards (its own
+            exact, the other nodes' from its copies), one all-gather of [D, N, S]
 
 Rank (n, d) keeps ``reference`` [N, S] fp32: row n' is shard (n', d) as every rank with
 local index d has rebuilt it, its own row included. Each sends ``Q(master - own row)`` and
 every receiver adds the same dequantized bytes to the same row, so the copies stay
 bit-identical without ever being compared, and what rounding dropped this step is part of
 the next change (error feedback for free): the copy trails the master by at most half a
-quantization step of the last change. Backward repeats hops 1 and 3 from the unchanged
-copies, so it never crosses nodes: the copies are hpZ's secondary as well.
+quantization step of the last change. Backward repeats the within-node gather from the
+unchanged copies, so it never crosses nodes: the copies are hpZ's secondary as well. One
+within-node collective instead of one for this node's shards and one for the copies: on
+fast links the number of collectives, not their bytes, is what a gather costs.
 
 The first gather of a flat, and the first after its masters were loaded, sends the masters
 exactly (fp32, phase ``weight_refresh``), which starts every copy from the same values.
@@ -36,8 +38,9 @@ REFRESH_PHASE = "weight_refresh"
 
 @dataclass
 class _Pending:
-    within_node: object | None  # hop 1's work
-    across_nodes: object | None  # hop 2's work, None when the copies are current
+    within_node: object | None  # the within-node gather's work (None until the copies are current, or on one rank per node)
+    gathered: torch.Tensor | None  # [D, N, S] what it brings, compute dtype (None on one node)
+    across_nodes: object | None  # the across-node gather's work, None when the copies are current
     from_nodes: torch.Tensor | None  # [N, P] packed changes, or [N, S] fp32 masters when refreshing
     refresh: bool
     phase: str
@@ -52,13 +55,9 @@ class DeltaGather(WeightGather):
         self._current: set[str] = set()  # flats whose copies match their masters' last version
 
     def start(self, flat, phase: str) -> _Pending:
-        nodes, per_node = self.topology.num_nodes, self.topology.ranks_per_node
-        node_rows = flat.full_data.view(nodes, per_node * flat.shard_numel)  # [N, D * S]
-        within_node = self.comm.all_gather(
-            node_rows[self.topology.node], flat.compute_shard(), self.topology.group("intra_node"), phase, flat.name
-        )
-        if flat.name in self._current:
-            return _Pending(within_node, None, None, False, phase)
+        if flat.name in self._current or self.topology.num_nodes == 1:
+            return self._start_within_node(flat, _Pending(None, None, None, None, False, phase))
+        nodes = self.topology.num_nodes
         refresh = flat.name not in self.references
         if refresh:
             payload, phase_across = flat.master.detach(), REFRESH_PHASE
@@ -67,16 +66,34 @@ class DeltaGather(WeightGather):
         from_nodes = payload.new_empty(nodes, payload.numel())  # [N, P] or [N, S]
         across = self.comm.all_gather(from_nodes.view(-1), payload, self.topology.group("inter_node"), phase_across,
                                       flat.name)
-        return _Pending(within_node, across, from_nodes, refresh, phase)
+        return _Pending(None, None, across, from_nodes, refresh, phase)
 
     def finish(self, flat, pending: _Pending) -> torch.Tensor:
-        if pending.from_nodes is not None:
+        if pending.from_nodes is not None:  # the changes first: the copies must be current
             self._wait(pending.across_nodes)
             self._update_references(flat, pending)
-        if self.topology.num_nodes > 1:
-            self._fill_other_nodes(flat, pending.phase)
+            self._start_within_node(flat, pending)
         self._wait(pending.within_node)
+        if pending.gathered is not None:
+            nodes, per_node = self.topology.num_nodes, self.topology.ranks_per_node
+            flat.full_data.view(nodes, per_node, flat.shard_numel).copy_(pending.gathered.transpose(0, 1))
         return flat.full_data
+
+    def _start_within_node(self, flat, pending: _Pending) -> _Pending:
+        """Every local rank sends its row [N, S]: its own shard exact, the other nodes'
+        from its copies; row d of the result is shard (n', d) for every node n'."""
+        nodes, per_node, node = self.topology.num_nodes, self.topology.ranks_per_node, self.topology.node
+        group = self.topology.group("intra_node")
+        if nodes == 1:  # no copies: a plain gather of the node's shards, straight into the buffer
+            pending.within_node = self.comm.all_gather(flat.full_data, flat.compute_shard(), group, pending.phase,
+                                                       flat.name)
+            return pending
+        row = self.references[flat.name].to(flat.full_data.dtype, copy=True)  # [N, S]; the copies stay as sent
+        row[node] = flat.compute_shard()
+        pending.gathered = row.new_empty(per_node, nodes, flat.shard_numel)
+        pending.within_node = self.comm.all_gather(pending.gathered.view(-1), row.view(-1), group, pending.phase,
+                                                   flat.name)
+        return pending
 
     def _own_row(self, flat) -> torch.Tensor:
         return self.references[flat.name][self.topology.node]
@@ -87,17 +104,6 @@ class DeltaGather(WeightGather):
         else:
             self.references[flat.name] += dequantize(pending.from_nodes, self.format, flat.shard_numel)
         self._current.add(flat.name)
-
-    def _fill_other_nodes(self, flat, phase: str) -> None:
-        """Hop 3: the other nodes' shards at this local index, from the copies, to every
-        local rank; each writes all of them into the buffer."""
-        nodes, per_node, node = self.topology.num_nodes, self.topology.ranks_per_node, self.topology.node
-        others = [n for n in range(nodes) if n != node]
-        remote = self.references[flat.name][others].to(flat.full_data.dtype).view(-1)  # [(N - 1) * S]
-        everyone = remote.new_empty(per_node, nodes - 1, flat.shard_numel)  # row d': local index d' 's copies
-        self._wait(self.comm.all_gather(everyone.view(-1), remote, self.topology.group("intra_node"), phase, flat.name))
-        full = flat.full_data.view(nodes, per_node, flat.shard_numel)
-        full[others] = everyone.transpose(0, 1)
 
     def invalidate(self, flat) -> None:
         self._current.discard(flat.name)
@@ -151,21 +157,19 @@ class DeltaGather(WeightGather):
         return self.format.packed_nbytes(shard_numel)
 
     def predicted_bytes(self, shard_numel: int, layout: Layout, rank: int, phase: str) -> Traffic:
-        """Forward after an optimizer step: hops 1, 2 (packed changes) and 3; backward right
-        after: hops 1 and 3; ``weight_refresh``: hop 2 with the fp32 masters alone."""
+        """Forward after an optimizer step: the packed changes across nodes, then the
+        within-node gather of N shards per rank; backward right after: the within-node gather
+        alone; ``weight_refresh``: the fp32 masters across nodes."""
         node_group, inter_group = traffic.intra_node(layout, rank), traffic.inter_node(layout, rank)
         across = traffic.ring(layout, rank, inter_group, self._across_chunk_bytes(shard_numel, phase))
         if phase == REFRESH_PHASE:
             return across
-        hop1 = traffic.ring(layout, rank, node_group, shard_numel * self.compute_itemsize)
-        hop3 = Traffic()
-        if layout.num_nodes > 1:
-            hop3 = traffic.ring(layout, rank, node_group, (layout.num_nodes - 1) * shard_numel * self.compute_itemsize)
-        return hop1 + hop3 + (across if phase == "forward_gather" else Traffic())
+        within = traffic.ring(layout, rank, node_group, layout.num_nodes * shard_numel * self.compute_itemsize)
+        return within + (across if phase == "forward_gather" else Traffic())
 
     def collective_steps(self, layout: Layout, phase: str) -> int:
         across = layout.num_nodes - 1 if phase != "backward_gather" else 0
-        return 2 * (layout.ranks_per_node - 1) + across
+        return layout.ranks_per_node - 1 + across
 
     def for_flat(self, requires_grad: bool) -> WeightGather:
         return self if requires_grad else _FrozenPrediction(self)
@@ -173,7 +177,7 @@ class DeltaGather(WeightGather):
 
 class _FrozenPrediction(WeightGather):
     """The accounting's view of frozen flats under the delta gather: their masters never
-    change, so after the first gather every gather is the backward one (hops 1 and 3)."""
+    change, so after the first gather every gather is the backward one (within the node)."""
 
     def __init__(self, gather: DeltaGather) -> None:
         super().__init__(gather.config)

@@ -10,9 +10,11 @@ its low nibble and element ``j + B / 2`` in its high nibble (two contiguous halv
 vectorises; interleaved pairs do not). INT12 codes, stored as ``q + 2048`` (in [1, 4095]),
 pair the same elements in three bytes: ``a = element j``, ``b = element j + B / 2`` give
 ``a & 0xFF``, ``(a >> 8) | (b & 0xF) << 4``, ``b >> 4``.
-INT2 and INT3 codes (for weight deltas), stored as ``q + 2^(bits-1)``, split each block in
-eight contiguous eighths: position ``j`` of the eighths makes one word
-``sum_k code(k * B / 8 + j) << (bits * k)`` of ``bits`` bytes, stored little-endian.
+INT2 and INT3 codes (for weight deltas), stored as ``q + 2^(bits-1)``, split each segment of
+n values in eight contiguous eighths: position ``j`` of the eighths makes one word
+``sum_k code(k * n / 8 + j) << (bits * k)`` of ``bits`` bytes; the segment stores byte 0 of
+its n / 8 words, then byte 1, ... (byte planes, so every pass runs over long contiguous
+memory: eighths of a block, 32 values at B = 256, left the vector units idle).
 Batched calls take ``[K, n]`` and return ``[K, packed]``: every row is its own segment, so a
 row can be sent to another rank by itself.
 
@@ -34,9 +36,6 @@ import torch
 SUPPORTED_BITS = (2, 3, 4, 8, 12)
 PLANE_BITS = (2, 3)  # packed as eight bit planes per block
 GRIDS = ("uniform", "log")
-# The log grid's value of each 4-bit code, indexed by code + 8 (index 0, code -8, is unused).
-LOG_LEVELS = tuple([0.0] + [-(2.0 ** (code - 7)) for code in range(7, 0, -1)] + [0.0]
-                   + [2.0 ** (code - 7) for code in range(1, 8)])
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat, noise: torch.Tensor | 
     if fmt.bits == 8:
         code_bytes = codes.to(torch.int8).view(torch.uint8)
     elif fmt.bits in PLANE_BITS:
-        code_bytes = _pack_planes(codes.add_(fmt.max_code + 1).to(torch.int32), fmt)
+        code_bytes = _pack_planes(codes.add_(fmt.max_code + 1).to(torch.uint8), fmt)
     elif fmt.bits == 4:
         halves = codes.add_(8).to(torch.uint8).view(num_rows, -1, 2, fmt.block_size // 2)
         code_bytes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).view(num_rows, numel // 2)
@@ -128,37 +127,57 @@ def quantize_blocks(rows: torch.Tensor, fmt: BlockFormat, noise: torch.Tensor | 
 
 
 def _pack_planes(codes: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """Offset codes int32 [K, n] -> bytes uint8 [K, n * bits / 8] (the eight-plane layout)."""
+    """Offset codes uint8 [K, n] -> bytes uint8 [K, n * bits / 8] (the eight-plane layout).
+    Byte b of a word holds word bits [8b, 8b + 8): the parts of the codes of the eighths that
+    overlap them. Built in uint8 (a left shift drops what belongs to the next byte), which
+    moves a quarter of the bytes that assembling int32 words did."""
     num_rows, numel = codes.shape
-    planes = codes.view(num_rows, -1, 8, fmt.block_size // 8)  # [K, blocks, eighth, position]
-    words = planes[:, :, 0].clone()
-    for eighth in range(1, 8):
-        words |= planes[:, :, eighth] << (fmt.bits * eighth)
-    code_bytes = torch.stack([(words >> (8 * byte)) & 0xFF for byte in range(fmt.bits)], dim=-1)
-    return code_bytes.to(torch.uint8).view(num_rows, fmt.code_nbytes(numel))
+    eighths = codes.view(num_rows, 8, numel // 8)  # [K, eighth, position]
+    packed = codes.new_empty(num_rows, fmt.bits, numel // 8)  # [K, byte, position]
+    for byte in range(fmt.bits):
+        target = packed[:, byte]
+        target.zero_()
+        for eighth in range(8):
+            shift = fmt.bits * eighth - 8 * byte  # where this eighth's code starts, from the byte's bit 0
+            if -fmt.bits < shift < 8:
+                part = eighths[:, eighth] << shift if shift >= 0 else eighths[:, eighth] >> -shift
+                target.bitwise_or_(part)
+    return packed.view(num_rows, fmt.code_nbytes(numel))
 
 
 def _unpack_planes(code_bytes: torch.Tensor, fmt: BlockFormat, numel: int) -> torch.Tensor:
-    """Inverse of :func:`_pack_planes`, minus the offset: int32 codes [K, numel]."""
+    """Inverse of :func:`_pack_planes`, minus the offset: int8 codes [K, numel]."""
     num_rows = code_bytes.shape[0]
-    grouped = code_bytes.reshape(num_rows, -1, fmt.block_size // 8, fmt.bits).to(torch.int32)
-    words = grouped[..., 0].clone()
-    for byte in range(1, fmt.bits):
-        words |= grouped[..., byte] << (8 * byte)
+    planes = code_bytes.reshape(num_rows, fmt.bits, numel // 8)  # [K, byte, position]
+    codes = code_bytes.new_empty(num_rows, 8, numel // 8)  # [K, eighth, position]
     mask = (1 << fmt.bits) - 1
-    planes = torch.stack([(words >> (fmt.bits * eighth)) & mask for eighth in range(8)], dim=2)
-    return planes.view(num_rows, numel) - (fmt.max_code + 1)
+    for eighth in range(8):
+        byte, shift = divmod(fmt.bits * eighth, 8)
+        target = codes[:, eighth]
+        torch.bitwise_right_shift(planes[:, byte], shift, out=target)
+        if shift + fmt.bits > 8:  # the code runs on into the next byte
+            target.bitwise_or_(planes[:, byte + 1] << (8 - shift))
+        target.bitwise_and_(mask)
+    return codes.view(num_rows, numel).view(torch.int8).sub_(fmt.max_code + 1)  # codes < 2^3 fit int8
+
+
+# float32 bit patterns: 2^-7, half the smallest level (below it a value becomes 0), and the
+# mantissa's top bit, whose carry rounds the exponent up from 1.5 * 2^e
+_LOG_ZERO_BELOW_BITS = 0x3C000000
+_MANTISSA_TOP_BIT = 0x400000
 
 
 def _log_codes(scaled: torch.Tensor) -> torch.Tensor:
-    """Values in [-1, 1] -> log-grid codes in [-7, 7] (as floats), the nearest level with
-    ties away from zero. With ``|x| = m * 2^e``, m in [0.5, 1) (exact, from frexp), ``|x|``
-    lies between the levels 2^(e-1) (code e + 6) and 2^e, and their midpoint is m = 0.75.
-    Below 2^-7, half the smallest level, a value becomes 0."""
-    mantissa, exponent = torch.frexp(scaled.abs())
-    magnitude = (exponent + 6 + (mantissa >= 0.75).to(exponent.dtype)).clamp_(1, 7).to(scaled.dtype)
-    magnitude = torch.where(scaled.abs() >= 2.0**-7, magnitude, torch.zeros_like(magnitude))
-    return magnitude.mul_(scaled.sign())
+    """fp32 values in [-1, 1] -> log-grid codes in [-7, 7] (as floats), the nearest level
+    with ties away from zero. With ``|x| = 1.f * 2^(E - 127)`` the levels 2^(E-127) and
+    2^(E-126) have their midpoint at 1.f = 1.5, where the mantissa's top bit turns on, so
+    adding that bit to the pattern carries into the exponent exactly when the upper level
+    is nearer: code = E + top bit - 120, clamped to [1, 7], and 0 below 2^-7. Integer
+    passes over the bits; frexp and comparisons on floats took 2.5x as long."""
+    magnitude = scaled.view(torch.int32) & 0x7FFFFFFF
+    zero = magnitude < _LOG_ZERO_BELOW_BITS
+    magnitude.add_(_MANTISSA_TOP_BIT).bitwise_right_shift_(23).sub_(120).clamp_(1, 7).masked_fill_(zero, 0)
+    return torch.copysign(magnitude.to(scaled.dtype), scaled)
 
 
 def pack(code_bytes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -213,16 +232,19 @@ def dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int, dtype: torch.
         high = (triples[..., 1] >> 4) | (triples[..., 2] << 4)
         codes = torch.stack([low, high], dim=2).view(num_rows, numel) - 2048
     if fmt.grid == "log":
-        codes = _log_levels(codes.device)[codes.to(torch.int64) + 8]
+        codes = _log_values(codes)
     blocks = codes.view(num_rows, numel // fmt.block_size, fmt.block_size).float().mul_(scales.unsqueeze(-1))
     values = blocks.view(num_rows, numel).to(dtype)
     return values if packed.dim() > 1 else values.view(-1)
 
 
-@functools.cache
-def _log_levels(device: torch.device) -> torch.Tensor:
-    """:data:`LOG_LEVELS` on ``device``, built once: dequantizing runs on every inter-node hop."""
-    return torch.tensor(LOG_LEVELS, dtype=torch.float32, device=device)
+def _log_values(codes: torch.Tensor) -> torch.Tensor:
+    """Log-grid codes in [-7, 7] (integers) -> fp32 ``sign(c) * 2^(|c| - 7)``, 0 for 0:
+    the exponent field written directly (a table lookup with int64 indices took 2x as long)."""
+    magnitude = codes.abs().to(torch.int32)
+    zero = magnitude == 0
+    values = magnitude.add_(120).bitwise_left_shift_(23).masked_fill_(zero, 0).view(torch.float32)
+    return torch.copysign(values, codes.to(torch.float32))
 
 
 def quantizer(compiled: bool):

@@ -40,11 +40,12 @@ def reference_quantize(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     if fmt.bits == 8:
         code_bytes = [code & 0xFF for code in codes]  # two's complement byte of the int8
     elif fmt.bits in (2, 3):
-        eighth = fmt.block_size // 8
-        for start in range(0, len(codes), fmt.block_size):
-            for j in range(eighth):  # one word per position: element k * B/8 + j at bit bits * k
-                word = sum((codes[start + k * eighth + j] + fmt.max_code + 1) << (fmt.bits * k) for k in range(8))
-                code_bytes += [(word >> (8 * byte)) & 0xFF for byte in range(fmt.bits)]
+        eighth = len(codes) // 8
+        # one word per position j: element k * n/8 + j at bit bits * k; byte 0 of every word
+        # in order of j, then byte 1, ...
+        words = [sum((codes[k * eighth + j] + fmt.max_code + 1) << (fmt.bits * k) for k in range(8))
+                 for j in range(eighth)]
+        code_bytes = [(word >> (8 * byte)) & 0xFF for byte in range(fmt.bits) for word in words]
     elif fmt.bits == 4:
         for start in range(0, len(codes), fmt.block_size):
             for j in range(half):  # element j low, element j + B/2 high
@@ -68,11 +69,9 @@ def reference_dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int) -> 
     if fmt.bits == 8:
         codes = [byte - 256 if byte > 127 else byte for byte in code_bytes]
     elif fmt.bits in (2, 3):
-        eighth, mask = fmt.block_size // 8, (1 << fmt.bits) - 1
-        for start in range(0, len(code_bytes), fmt.bits * eighth):
-            block = code_bytes[start : start + fmt.bits * eighth]
-            words = [sum(block[fmt.bits * j + byte] << (8 * byte) for byte in range(fmt.bits)) for j in range(eighth)]
-            codes.extend(((word >> (fmt.bits * k)) & mask) - fmt.max_code - 1 for k in range(8) for word in words)
+        eighth, mask = numel // 8, (1 << fmt.bits) - 1
+        words = [sum(code_bytes[byte * eighth + j] << (8 * byte) for byte in range(fmt.bits)) for j in range(eighth)]
+        codes = [((word >> (fmt.bits * k)) & mask) - fmt.max_code - 1 for k in range(8) for word in words]
     elif fmt.bits == 4:
         for start in range(0, len(code_bytes), half):
             block = code_bytes[start : start + half]
