@@ -10,6 +10,7 @@ from importlib.metadata import version
 
 import pytest
 
+from zeropp_tools.bench.cells import VARIANTS as BENCH_VARIANTS
 from zeropp_tools.cli import demo, training
 from zeropp_tools.cli.logs import OUR_LOGGERS, configure_logging
 from zeropp_tools.cli.main import main
@@ -262,3 +263,10 @@ def test_demo_report_and_plot_from_fake_summaries(tmp_path):
     plot = tmp_path / "plots" / "demo.png"
     demo.plot_demo(summaries, plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("variant", sorted(BENCH_VARIANTS))
+def test_every_benchmark_variant_is_a_valid_training_configuration(variant):
+    flags = [flag.format(ranks_per_node=2) for flag in BENCH_VARIANTS[variant]]
+    zero, _ = training.zero_config(build_parser().parse_args(["train", *flags]), explicit=set())
+    assert zero.weight_deltas == (variant == "deltas")

@@ -21,6 +21,10 @@ VARIANTS = {
     "zero++": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz"],
     "zero++-two-hop": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--two-hop-gather"],
     "auto": ["--auto"],
+    # The convergence study's best-quality setting at ZeRO++'s bytes: two-hop INT12 weights,
+    # INT8 / log-grid INT4 gradients.
+    "log-grid": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--two-hop-gather", "--weight-bits", "12",
+                 "--gradient-bits", "8,4", "--gradient-grid", "log"],
     # Issue 17's setting: INT3 weight changes through the two-hop shape, log-grid gradients.
     "deltas": ["--weight-deltas", "--weight-delta-bits", "3", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
 }

@@ -135,6 +135,8 @@ def ratios(results: dict) -> dict:
                     entry[f"zero++_vs_best_{peer}"] = rate["zero++"] / max(peers)
             if "zero3" in rate:
                 entry["zero++_vs_zero3"] = rate["zero++"] / rate["zero3"]
+            if "log-grid" in rate:  # the best-quality setting at ZeRO++'s bytes: is it as fast?
+                entry["log-grid_vs_zero++"] = rate["log-grid"] / rate["zero++"]
             if "deltas" in rate:  # issue 17's setting against ZeRO++: speed, and bytes per step (accounting)
                 entry["deltas_vs_zero++"] = rate["deltas"] / rate["zero++"]
                 entry["deltas_bytes_vs_zero++"] = (row["deltas"]["rank0_inter_node_bytes_per_step"]
