@@ -1,5 +1,5 @@
 """The delta gather: across nodes only each shard's change since the copy the other nodes
-hold, block-quantized (docs/design.md section 4.6). The shape is the two-hop gather's; with
+hold, block-quantized (docs/design.md section 4.6). Two collectives per gather; with
 rank ``r = n * D + d`` and shard ``S`` values::
 
     across  among the ranks with local index d: the packed change of shard (n', d) of
@@ -14,8 +14,8 @@ bit-identical without ever being compared, and what rounding dropped this step i
 the next change (error feedback for free): the copy trails the master by at most half a
 quantization step of the last change. Backward repeats the within-node gather from the
 unchanged copies, so it never crosses nodes: the copies are hpZ's secondary as well. One
-within-node collective instead of one for this node's shards and one for the copies: on
-fast links the number of collectives, not their bytes, is what a gather costs.
+within-node collective carries this node's shards and the copies together (the same bytes
+as two), which saves a collective per gather on fast links.
 
 The first gather of a flat, and the first after its masters were loaded, sends the masters
 exactly (fp32, phase ``weight_refresh``), which starts every copy from the same values.
