@@ -23,19 +23,17 @@ from ..accounting import CommLog
 from ..auto import AutoTuner
 from ..collectives import Communicator
 from ..config import ZeroConfig
-from ..gather import select_weight_gather
-from ..reduce import select_gradient_reduction
-from ..sharding import FlatParam, ShardState, plan_units
+from ..sharding import FlatParam, ShardState
 from ..init import WeightSource
-from ..sharding.flat_param import flatten_params, make_slots, shard_numel_for, shard_of_params
-from ..sharding.units import modules_by_unit
 from ..topology import Topology
 from . import metrics, state_dict
-from .checks import check_inputs, check_unit_classes, check_weight_source, resolve_unit_classes
+from .checks import check_inputs, check_weight_source, resolve_unit_classes
+from .construction import UnitBuilder
 from .full_parameters import full_parameters
 from .generation import PinnedUnits, generation_mode
 from .nonfinite import NonfiniteTracker
 from .schedule import ExecutionOrder
+from .strategies import Strategies
 from .unit import Unit
 
 
@@ -64,14 +62,9 @@ class ShardedModel(nn.Module):
         self.comm_log = CommLog(topology.layout, topology.rank)
         self._comm = Communicator(self.comm_log, check_order=self.config.debug_collective_order, device=topology.device)
         self._world = topology.group("world")
-        self._training_step = 0
-        self._auto = AutoTuner(self.config, topology, self._comm) if self.config.auto else None
-        self.active_config = self._config_in_force()  # what ``_apply_config`` last applied
-        self.weight_gather = select_weight_gather(self.active_config, topology, self._comm)
-        self.gradient_reduction = select_gradient_reduction(self.active_config, topology, self._comm)
-        self._weight_source = check_weight_source(module, init, topology.device)
-        self.units = self._build_units(resolve_unit_classes(module, unit_classes))
-        self._weight_source = None  # holds file handles and the meta module; not needed again
+        self._strategies = Strategies(self.config, topology, self._comm)
+        builder = UnitBuilder(topology, self.config, self._comm, check_weight_source(module, init, topology.device))
+        self.units = builder.build(module, resolve_unit_classes(module, unit_classes))
         self._forward_order = ExecutionOrder()
         self._backward_order = ExecutionOrder()
         self._in_backward = False
@@ -86,45 +79,6 @@ class ShardedModel(nn.Module):
         self._register_hooks()
 
     # ----------------------------------------------------------------- construction
-    def _build_units(self, unit_classes: tuple[type, ...]) -> list[Unit]:
-        specs = plan_units(self.module, unit_classes)
-        check_unit_classes(self.module, unit_classes, len(specs))
-        modules = modules_by_unit(specs)
-        units = []
-        for index, spec in enumerate(specs):
-            if self._weight_source is not None:
-                self._weight_source.prepare_unit(index, modules[index], spec.params)
-            shards = []  # (name, requires_grad, slots, shard): this rank's values, taken first ...
-            for requires_grad in (True, False):
-                params = [p for p in spec.params if p.param.requires_grad == requires_grad]
-                if params:
-                    shards.append((f"{spec.name}:{requires_grad}", requires_grad, *self._shard_values(params)))
-            for _, _, slots, _ in shards:
-                for slot in slots:
-                    for use in slot.uses:
-                        # Views of the gathered buffer replace it at every forward.
-                        del use.module._parameters[use.attr]
-            spec.params.clear()  # ... so the unit's full-size values are freed before its buffers exist
-            flats = [FlatParam(name, requires_grad, slots, shard, self.topology.rank, self.topology.world_size,
-                               self.config.compute_torch_dtype) for name, requires_grad, slots, shard in shards]
-            units.append(Unit(index, spec.name, spec.module, flats, is_root=index == 0))
-        return units
-
-    def _shard_values(self, params) -> tuple[list, torch.Tensor]:
-        """The flat layout of ``params`` and this rank's shard of it ([shard_numel] fp32)."""
-        world_size, rank = self.topology.world_size, self.topology.rank
-        slots = make_slots(params, self.config.parameter_alignment)
-        extent = slots[-1].offset + slots[-1].numel
-        shard_numel = shard_numel_for(extent, world_size, self.config.effective_shard_alignment)
-        start = rank * shard_numel
-        if self._weight_source is not None:  # the same values on every rank by construction
-            return slots, self._weight_source.shard(params, slots, start, shard_numel)
-        if self.config.sync_module_states:
-            full = flatten_params(params, slots, shard_numel * world_size, self.topology.device)
-            self._comm.broadcast(full, self._world, source_rank=0, phase="init")
-            return slots, full[start : start + shard_numel].clone()
-        return slots, shard_of_params(params, slots, start, shard_numel, self.topology.device)
-
     def _broadcast_buffers(self) -> None:
         for buffer in self.module.buffers():
             self._comm.broadcast(buffer.data, self._world, source_rank=0, phase="init")
@@ -198,39 +152,41 @@ class ShardedModel(nn.Module):
     def set_training_step(self, step: int) -> None:
         """Apply the settings in force at training step ``step`` (``late_bits_from_step``);
         call it before the step's forward."""
-        self._training_step = step
-        self._apply_config()
+        self._strategies.training_step = step
+        if self._strategies.update():
+            self._drop_copies()
 
     @property
     def auto_tuner(self) -> AutoTuner | None:
         """Auto mode's tuner (its ``choice`` and ``decisions``), None without auto mode."""
-        return self._auto
+        return self._strategies.auto
 
-    def _config_in_force(self) -> ZeroConfig:
-        active = self.config.at_step(self._training_step)
-        return self._auto.applied_to(active) if self._auto else active
+    @property
+    def active_config(self) -> ZeroConfig:
+        """The settings in force now (the schedule's and auto mode's choice applied)."""
+        return self._strategies.active_config
 
-    def _apply_config(self) -> None:
-        """Switch to the strategies of the settings now in force (schedule, auto mode)."""
-        active = self._config_in_force()
-        if active == self.active_config:
-            return
+    @property
+    def weight_gather(self):
+        return self._strategies.weight_gather
+
+    @property
+    def gradient_reduction(self):
+        return self._strategies.gradient_reduction
+
+    def _drop_copies(self) -> None:
+        """After a switch of strategies, which start with no copies."""
         for unit in self.units:
             self._free(unit)
-        for flat in self.flat_params():  # the new strategies start with no copies
+        for flat in self.flat_params():
             flat.state = ShardState.SHARDED
-        self.active_config = active
-        self.weight_gather = select_weight_gather(active, self.topology, self._comm)
-        previous, self.gradient_reduction = self.gradient_reduction, select_gradient_reduction(
-            active, self.topology, self._comm)
-        self.gradient_reduction.carry_state_from(previous)
 
     def _tune(self) -> None:
         """Auto mode's turn, before the first forward of each training step."""
-        if self._auto is None or not torch.is_grad_enabled() or self._pinned is not None:
+        if not torch.is_grad_enabled() or self._pinned is not None:
             return
-        if (self._optimizer_stepped or self._auto.state is None) and self._auto.before_step(metrics.flat_summaries(self)):
-            self._apply_config()
+        if self._strategies.tune(metrics.flat_summaries(self), self._optimizer_stepped):
+            self._drop_copies()
 
     def on_weights_changed(self, include_frozen: bool = False) -> None:
         """Call after the master shards changed: drop stale gathered copies, refresh the
