@@ -27,6 +27,11 @@ VARIANTS = {
                  "--gradient-bits", "8,4", "--gradient-grid", "log"],
     # Issue 17's setting: INT3 weight changes through the two-hop shape, log-grid gradients.
     "deltas": ["--weight-deltas", "--weight-delta-bits", "3", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
+    # Between zero++ and deltas, to attribute what deltas costs where the link is fast.
+    "deltas-uniform-gradients": ["--weight-deltas", "--weight-delta-bits", "3", "--qgz"],
+    "zero++-log-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
+    "zero++-int8-intra-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "8,4"],
+    "zero++-int4-log-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "4,4", "--gradient-grid", "log"],
 }
 """zeropp's variants as ``zeropp train`` flags; the names up to auto are auto mode's candidates'."""
 
