@@ -144,8 +144,9 @@ def _pack_planes(codes: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     each eighth is contiguous, so every pass runs over long runs of memory."""
     num_rows, numel = codes.shape
     eighths = codes.view(num_rows, 8, numel // 8).to(torch.int32)  # [K, eighth, position]
-    # Whole int32 words, out of place: torch.compile (the compiled quantizer) mis-compiled
-    # uint8 byte assembly under ATEN_CPU_CAPABILITY=avx2 and default.
+    # Whole int32 words, out of place: the uint8 in-place version failed the compiled
+    # quantizer's test under ATEN_CPU_CAPABILITY=avx2 and default (possibly through the
+    # compile cache shared across kernel sets, which tests/conftest.py now splits).
     words = eighths[:, 0].clone()
     for eighth in range(1, 8):
         words |= eighths[:, eighth] << (fmt.bits * eighth)
