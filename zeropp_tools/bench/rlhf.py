@@ -149,7 +149,8 @@ def main(arguments) -> int:
         return 0
     if not (weights / "reward" / "model.safetensors").is_file():
         logger.info("making the SFT and reward weights in %s", weights)
-        if zeropp(["rlhf", "all", "--out", str(weights), "--model", arguments.model, "--iterations", "1"]) != 0:
+        if zeropp(["rlhf", "all", "--out", str(weights), "--model", arguments.model, "--iterations", "1",
+                   "--sft-steps", "1", "--reward-body-steps", "1", "--reward-steps", "1"]) != 0:
             raise RuntimeError("could not make the RLHF weights")
     bandwidths = [None if value == "none" else int(value) for value in arguments.bandwidths.split(",")]
     result = run(weights, out, bandwidths, arguments.repetitions, arguments.iterations, arguments.model)

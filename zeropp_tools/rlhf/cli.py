@@ -20,6 +20,7 @@ def rlhf_config(arguments) -> RLHFConfig:
     zero = ZeroConfig(quantized_weights=arguments.qwz, hpz_size=arguments.hpz, quantized_gradients=arguments.qgz,
                       quantized_nontrainable_weights=arguments.mixz)
     return RLHFConfig(out=arguments.out, weights=arguments.weights, model_size=arguments.model, sft_steps=arguments.sft_steps,
+                      reward_body_steps=arguments.reward_body_steps,
                       reward_steps=arguments.reward_steps, ppo_iterations=arguments.iterations,
                       rollouts_per_rank=arguments.rollouts_per_rank, kl_coefficient=arguments.kl,
                       seed=arguments.seed, zero=zero, pinned_generation=not arguments.per_token_gathers)
@@ -43,7 +44,8 @@ def run_rlhf(arguments) -> int:
         if stage == "reward":
             logger.info("reward model: held-out pair accuracy %s", results[stage]["held_out_accuracy_by_kind"])
         if stage == "sft":
-            logger.info("sft: validation loss %.3f", results[stage]["validation_loss"])
+            logger.info("sft: validation loss %.3f (reward body %.3f)", results[stage]["validation_loss"],
+                        results[stage]["reward_body_validation_loss"])
     if under_torchrun:
         finish_distributed()
         if rank != 0:

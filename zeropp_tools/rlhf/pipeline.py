@@ -38,6 +38,9 @@ class RLHFConfig:
     prompt_length: int = 16
     continuation_length: int = 16
     sft_steps: int = 200
+    # The reward model's body trains longer than the actor: a judge that models the corpus
+    # better than the policy can tell the policy's own text from real text.
+    reward_body_steps: int = 1000
     reward_steps: int = 600
     reward_batch_per_rank: int = 16
     reward_lr: float = 1e-3
@@ -63,24 +66,30 @@ class RLHFConfig:
 
 
 def run_sft(rank: int, world_size: int, config: RLHFConfig) -> dict:
-    """The actor learns the corpus (a short run: PPO has room to improve it)."""
-    settings = TrainConfig(model_size=config.model_size, steps=config.sft_steps, batch_per_rank=8, seq_len=64,
-                           learning_rate=2e-3, warmup_steps=10, eval_every=config.sft_steps, seed=config.seed,
-                           ranks_per_node=config.ranks_per_node, export_dir=str(config.path("sft").parent),
-                           zero=config.zero)
-    summary = train(rank, world_size, settings)
-    return {"validation_loss": summary["validation_loss"], "final_train_loss": summary["final_train_loss"]}
+    """The actor learns the corpus (a short run: PPO has room to improve it); then, from
+    scratch, the reward model's body (a longer run)."""
+    result = {}
+    for stage, steps in (("sft", config.sft_steps), ("reward_body", config.reward_body_steps)):
+        settings = TrainConfig(model_size=config.model_size, steps=steps, batch_per_rank=8, seq_len=64,
+                               learning_rate=2e-3, warmup_steps=10, eval_every=steps, seed=config.seed,
+                               ranks_per_node=config.ranks_per_node, export_dir=str(config.path(stage).parent),
+                               zero=config.zero)
+        summary = train(rank, world_size, settings)
+        prefix = "" if stage == "sft" else "reward_body_"
+        result.update({f"{prefix}validation_loss": summary["validation_loss"],
+                       f"{prefix}final_train_loss": summary["final_train_loss"]})
+    return result
 
 
 def run_reward(rank: int, world_size: int, config: RLHFConfig) -> dict:
-    """A scalar head on the SFT body, trained so the real continuation outscores a shuffled
-    one, a repeated byte, or (every third row) the SFT model's own sample."""
+    """A scalar head on the reward body, trained so the real continuation outscores a
+    shuffled one, a repeated byte, or (every third row) the SFT model's own sample."""
     topology = Topology.from_environment(config.ranks_per_node)
     sampler = load_sharded("gpt", config.gpt_config(), config.path("sft"), topology, config.zero, trainable=False)
     generator = torch.Generator(device=topology.device).manual_seed(config.seed * 1000 + rank)
     torch.manual_seed(config.seed)
     module = ScalarHead(config.gpt_config())
-    module.gpt.load_state_dict(load_file(config.path("sft")))
+    module.gpt.load_state_dict(load_file(config.path("reward_body")))
     model = ShardedModel(module.to(topology.device), topology, config.zero, unit_classes=(Block,))
     optimizer = ShardedOptimizer(model, lambda params: torch.optim.AdamW(params, lr=config.reward_lr))
     corpus = ByteCorpus(load_stdlib_corpus())
