@@ -96,7 +96,8 @@ def gathers_against_reference(rank, world_size, ranks_per_node, options, steps):
 
 @pytest.mark.parametrize(
     "ranks_per_node,options",
-    [(2, dict(weight_delta_bits=4)), (2, dict(compute_dtype="bf16")), (1, dict(weight_delta_bits=2))],
+    [(2, dict(weight_delta_bits=4)), (2, dict(compute_dtype="bf16")), (1, dict(weight_delta_bits=2)),
+     (2, dict(compile_quantization=True))],
 )
 def test_gathered_weights_equal_the_slow_reference_and_copies_agree(ranks_per_node, options):
     for result in spawn_ranks(gathers_against_reference, 4, (ranks_per_node, options, 6)):

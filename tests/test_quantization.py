@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from zeropp.quantization import BlockFormat, dequantize, quantize
-from zeropp.quantization.blocks import quantize_compiled
+from zeropp.quantization.blocks import dequantize_compiled, quantize_compiled
 from zeropp.quantization.reference import reference_dequantize, reference_quantize
 
 
@@ -95,4 +95,6 @@ def test_bad_formats_name_the_field(kwargs, field):
 def test_compiled_fast_path_produces_the_reference_codes(bits, grid):
     fmt = BlockFormat(bits, 64, grid)
     values = sample(64 * 16, seed=3)
-    assert torch.equal(quantize_compiled(values, fmt), reference_quantize(values, fmt))
+    packed = quantize_compiled(values, fmt)
+    assert torch.equal(packed, reference_quantize(values, fmt))
+    assert torch.equal(dequantize_compiled(packed, fmt, values.numel()), reference_dequantize(packed, fmt, values.numel()))

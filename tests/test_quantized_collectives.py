@@ -143,3 +143,20 @@ def test_log_grid_keeps_the_size_of_small_gradients():
     # grid rounds the ones under absmax / 14 to 0 (about a quarter of them here).
     assert kept["log"] == 1.0 and zeroed["log"] == 0.0, (kept, zeroed)
     assert zeroed["uniform"] > 0.15 and kept["uniform"] < 0.8, (kept, zeroed)
+
+
+def reduce_eager_and_compiled(rank, world_size):
+    topology = Topology.from_environment(ranks_per_node=2)
+    communicator = Communicator(CommLog(topology.layout, rank))
+    generator = torch.Generator().manual_seed(rank)
+    flat = torch.randn(world_size * BLOCK * 4, generator=generator) * torch.logspace(-4, 0, world_size * BLOCK * 4)
+    results = []
+    for compiled in (False, True):
+        config = ZeroConfig(quantized_gradients=True, quantization_block_size=BLOCK, gradient_chunks=2,
+                            gradient_bits_intra_node=8, gradient_grid_inter_node="log", compile_quantization=compiled)
+        results.append(QgzReduction(config, topology, communicator).start(flat).wait())
+    return torch.equal(*results)
+
+
+def test_compiled_qgz_with_the_log_grid_equals_eager():
+    assert all(spawn_ranks(reduce_eager_and_compiled, 4, ()))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import traffic
-from ..quantization import dequantize, quantizer
+from ..quantization import dequantizer, quantizer
 from ..topology import Layout
 from ..traffic import Traffic
 from .base import WeightGather
@@ -51,6 +51,7 @@ class DeltaGather(WeightGather):
         super().__init__(config, topology, communicator)
         self.format = config.weight_delta_format
         self.quantize = quantizer(config.compile_quantization)
+        self.dequantize = dequantizer(config.compile_quantization)
         self.references: dict[str, torch.Tensor] = {}  # flat name -> fp32 [N, S], kept across steps
         self._current: set[str] = set()  # flats whose copies match their masters' last version
 
@@ -102,7 +103,7 @@ class DeltaGather(WeightGather):
         if pending.refresh:
             self.references[flat.name] = pending.from_nodes.clone()
         else:
-            self.references[flat.name] += dequantize(pending.from_nodes, self.format, flat.shard_numel)
+            self.references[flat.name] += self.dequantize(pending.from_nodes, self.format, flat.shard_numel)
         self._current.add(flat.name)
 
     def invalidate(self, flat) -> None:
@@ -141,7 +142,7 @@ class DeltaGather(WeightGather):
                 continue
             restored = self._own_row(flat)
             if flat.requires_grad or flat.name not in self._current:
-                change = dequantize(self.quantize(master - restored, self.format), self.format, flat.shard_numel)
+                change = self.dequantize(self.quantize(master - restored, self.format), self.format, flat.shard_numel)
                 restored = restored + change
             error += (restored - master).pow(2).sum().item()
         # As in the two-hop gather, (N - 1) / N of the ranks see a shard through a copy.

@@ -184,9 +184,17 @@ def _log_code_table(device: torch.device) -> torch.Tensor:
     return torch.where(index >= 512, 8 - magnitude, 8 + magnitude).to(torch.uint8)
 
 
-@torch.compiler.disable  # compiled under ATEN_CPU_CAPABILITY=avx2, the lookup gave wrong codes
 def _log_offset_codes(scaled: torch.Tensor) -> torch.Tensor:
-    """fp32 [K, n] in [-1, 1] -> uint8 [K, n]: the log-grid codes plus 8."""
+    """fp32 [K, n] in [-1, 1] -> uint8 [K, n]: the log-grid codes plus 8. Eager: the table,
+    one gather. Compiled: the table's rule as integer arithmetic, which fuses into the
+    quantizer's loop, with the sign read from the float: compiled under
+    ATEN_CPU_CAPABILITY=avx2, the sign bit taken through ``bits >> 22`` came out wrong
+    (every negative value got a positive code), through the lookup and without it alike."""
+    if torch.compiler.is_compiling():
+        bits = scaled.view(torch.int32)
+        exponent, top_bit = (bits >> 23) & 0xFF, (bits >> 22) & 1
+        magnitude = (exponent + top_bit - 120).clamp(1, 7) * (exponent >= 120)
+        return torch.where(scaled < 0, 8 - magnitude, 8 + magnitude).to(torch.uint8)
     top_bits = (scaled.view(torch.int32) >> 22).bitwise_and_(0x3FF)
     return _log_code_table(scaled.device).index_select(0, top_bits.view(-1)).view(scaled.shape)
 
@@ -202,8 +210,15 @@ def _log_pair_table(device: torch.device) -> torch.Tensor:
 
 
 def _log_dequantize(code_bytes: torch.Tensor, scales: torch.Tensor, fmt: BlockFormat, numel: int) -> torch.Tensor:
-    """uint8 [K, n / 2] codes, fp32 [K, n / B] scales -> fp32 [K, n]."""
+    """uint8 [K, n / 2] codes, fp32 [K, n / B] scales -> fp32 [K, n]. Eager: one gather per
+    byte from the pair table; compiled: the levels computed, in one fused loop."""
     num_rows = code_bytes.shape[0]
+    if torch.compiler.is_compiling():
+        per_block = code_bytes.reshape(num_rows, -1, fmt.block_size // 2).to(torch.int32)
+        codes = torch.stack([per_block & 0xF, per_block >> 4], dim=2) - 8  # [K, n/B, 2, B/2]
+        magnitude = codes.abs()
+        levels = torch.where(magnitude == 0, 0.0, codes.sign() * torch.exp2(magnitude - 7.0))
+        return (levels.view(num_rows, -1, fmt.block_size) * scales.unsqueeze(-1)).view(num_rows, numel)
     pairs = _log_pair_table(code_bytes.device).index_select(0, code_bytes.reshape(-1).to(torch.int32))
     # byte j of a block holds elements j and j + B / 2: [K, n/B, B/2, pair] -> [K, n/B, pair, B/2]
     halves = pairs.view(num_rows, numel // fmt.block_size, fmt.block_size // 2, 2).transpose(-1, -2)
@@ -270,6 +285,22 @@ def dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int, dtype: torch.
     return values if packed.dim() > 1 else values.view(-1)
 
 
+@functools.cache
+def _compiled_dequantize():
+    return torch.compile(dequantize, dynamic=False)
+
+
+def dequantize_compiled(packed: torch.Tensor, fmt: BlockFormat, numel: int,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`dequantize` through ``torch.compile``; the same values."""
+    return _compiled_dequantize()(packed, fmt, numel, dtype)
+
+
 def quantizer(compiled: bool):
     """The quantize function to use: compiled or eager, which produce the same codes."""
     return quantize_compiled if compiled else quantize
+
+
+def dequantizer(compiled: bool):
+    """The dequantize function to use: compiled or eager, which produce the same values."""
+    return dequantize_compiled if compiled else dequantize

@@ -25,7 +25,7 @@ import numpy
 import torch
 
 from .. import traffic
-from ..quantization import BlockFormat, dequantize, quantize, quantizer
+from ..quantization import BlockFormat, dequantizer, quantize, quantizer
 from ..quantization.hadamard import hadamard
 from ..topology import Layout
 from ..traffic import Traffic
@@ -50,6 +50,7 @@ class QgzReduction(GradientReduction):
         self.num_chunks = config.gradient_chunks
         self.hadamard_size = config.gradient_hadamard
         self._fast_quantize = quantizer(config.compile_quantization)
+        self._fast_dequantize = dequantizer(config.compile_quantization)
         self.residuals: dict[str, list] = {}  # unit label -> one residual [N, s] per chunk
         self.reductions_started = 0
 
@@ -83,7 +84,7 @@ class QgzReduction(GradientReduction):
 
     def dequantize(self, packed: torch.Tensor, fmt: BlockFormat, numel: int) -> torch.Tensor:
         """[K, packed_nbytes(numel)] uint8 -> [K, numel] fp32."""
-        return dequantize(packed, fmt, numel)
+        return self._fast_dequantize(packed, fmt, numel)
 
     def packed_nbytes(self, fmt: BlockFormat, numel: int) -> int:
         return fmt.packed_nbytes(numel)
