@@ -11,6 +11,7 @@ from importlib.metadata import version
 import pytest
 
 from zeropp_tools.bench.cells import VARIANTS as BENCH_VARIANTS
+from zeropp_tools.bench.cells import is_variant, variant_arguments
 from zeropp_tools.cli import demo, training
 from zeropp_tools.cli.logs import OUR_LOGGERS, configure_logging
 from zeropp_tools.cli.main import main
@@ -270,3 +271,11 @@ def test_every_benchmark_variant_is_a_valid_training_configuration(variant):
     flags = [flag.format(ranks_per_node=2) for flag in BENCH_VARIANTS[variant]]
     zero, _ = training.zero_config(build_parser().parse_args(["train", *flags]), explicit=set())
     assert zero.weight_deltas == variant.startswith("deltas")
+
+
+def test_a_compiled_benchmark_variant_adds_only_the_compile_flag():
+    plain, compiled = variant_arguments("deltas", 2), variant_arguments("deltas+compiled", 2)
+    assert compiled == [*plain, "--compile-quantization"]
+    zero, _ = training.zero_config(build_parser().parse_args(["train", *compiled]), explicit=set())
+    assert zero.compile_quantization and zero.weight_deltas
+    assert is_variant("zero+++compiled") and not is_variant("zero++-fast")

@@ -33,7 +33,20 @@ VARIANTS = {
     "zero++-int8-intra-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "8,4"],
     "zero++-int4-log-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "4,4", "--gradient-grid", "log"],
 }
-"""zeropp's variants as ``zeropp train`` flags; the names up to auto are auto mode's candidates'."""
+"""zeropp's variants as ``zeropp train`` flags; the names up to auto are auto mode's candidates'.
+Any of them with ``+compiled`` appended runs its quantization kernels through torch.compile."""
+COMPILED_SUFFIX = "+compiled"
+
+
+def is_variant(name: str) -> bool:
+    return name.removesuffix(COMPILED_SUFFIX) in VARIANTS
+
+
+def variant_arguments(name: str, ranks_per_node: int) -> list[str]:
+    """The ``zeropp train`` flags of variant ``name``."""
+    base = name.removesuffix(COMPILED_SUFFIX)
+    flags = [a.format(ranks_per_node=ranks_per_node) for a in VARIANTS[base]]
+    return flags + (["--compile-quantization"] if name != base else [])
 
 
 def _bandwidth(text: str) -> float | None:
@@ -60,7 +73,7 @@ def _link_figures(result: dict) -> dict:
 def measure(spec: ClusterSpec, variant: str, train_arguments: list[str], during=None) -> dict:
     """A zeropp variant; ``during(cluster, out)`` runs beside the job (to change the link)."""
     out = Path(tempfile.mkdtemp(prefix="zeropp-throughput-"))
-    extra = [a.format(ranks_per_node=spec.ranks_per_node) for a in VARIANTS[variant]]
+    extra = variant_arguments(variant, spec.ranks_per_node)
     launch = {"during": (lambda cluster: during(cluster, out))} if during else {}
     summary, result = _run(spec, variant, ["train", *train_arguments, *extra, "--out", str(out)], out, **launch)
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

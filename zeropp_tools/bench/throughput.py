@@ -20,7 +20,7 @@ import logging
 import statistics
 from pathlib import Path
 
-from zeropp_tools.bench.cells import PEERS, VARIANTS, measure, measure_peer
+from zeropp_tools.bench.cells import COMPILED_SUFFIX, PEERS, VARIANTS, is_variant, measure, measure_peer
 from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.plan import compare, comparison_markdown
@@ -119,7 +119,7 @@ def ratios(results: dict) -> dict:
     table = {}
     for bandwidth, row in results.items():
         rate = {variant: cell["tokens_per_s"] for variant, cell in row.items() if "tokens_per_s" in cell}
-        fixed = {variant: value for variant, value in rate.items() if variant in VARIANTS and variant != "auto"}
+        fixed = {variant: value for variant, value in rate.items() if is_variant(variant) and variant != "auto"}
         entry = {}
         if fixed:
             best = max(fixed, key=fixed.get)
@@ -173,7 +173,7 @@ def plot(report: dict, path: Path) -> None:
         medians = [cell["tokens_per_s"] for _, cell in cells]
         spread = [[m - cell["tokens_per_s_runs"][0] for m, (_, cell) in zip(medians, cells)],
                   [cell["tokens_per_s_runs"][-1] - m for m, (_, cell) in zip(medians, cells)]]
-        style = "o-" if variant in VARIANTS else "s--"  # zeropp solid, peers dashed
+        style = "o-" if is_variant(variant) else "s--"  # zeropp solid, peers dashed
         axis.errorbar([label for label, _ in cells], medians, yerr=spread, fmt=style, capsize=3, label=variant)
     axis.set_yscale("log")
     axis.set_xlabel("inter-node bandwidth per node (Mbit/s)")
@@ -190,9 +190,10 @@ def main(args) -> int:
     train_arguments = ["--model", args.model, "--steps", str(args.steps), "--batch-per-rank", str(args.batch_per_rank),
                        "--seq-len", str(args.seq_len), "--precision", precision]
     variants = args.variants.split(",")
-    unknown = [v for v in variants if v not in VARIANTS and v not in PEERS]
+    unknown = [v for v in variants if not is_variant(v) and v not in PEERS]
     if unknown:
-        raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}")
+        raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}, "
+                         f"a variant of zeropp also with {COMPILED_SUFFIX!r} appended")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out,
