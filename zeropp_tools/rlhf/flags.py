@@ -14,12 +14,12 @@ def add_rlhf_arguments(parser) -> None:
                         help="folder with sft/ and reward/ weights from earlier stages (default: --out)")
     parser.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size of all four models")
     parser.add_argument("--sft-steps", type=positive_int, default=200, help="supervised fine-tuning steps of the actor")
-    parser.add_argument("--reward-body-steps", type=positive_int, default=1000,
+    parser.add_argument("--reward-body-steps", type=positive_int, default=2000,
                         help="language-model steps of the reward model's body before its head is trained")
-    parser.add_argument("--reward-steps", type=positive_int, default=600, help="training steps of the reward model")
-    parser.add_argument("--iterations", type=positive_int, default=40, help="PPO iterations")
+    parser.add_argument("--reward-steps", type=positive_int, default=1500, help="training steps of the reward model")
+    parser.add_argument("--iterations", type=positive_int, default=60, help="PPO iterations")
     parser.add_argument("--rollouts-per-rank", type=positive_int, default=16, help="prompts each rank rolls out per iteration")
-    parser.add_argument("--kl", type=positive_float, default=0.05, help="KL penalty coefficient to the reference")
+    parser.add_argument("--kl", type=positive_float, default=0.3, help="KL penalty coefficient to the reference")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order, sampling and initial weights")
     parser.add_argument("--qwz", action="store_true", help="INT8 weight gathers for all four models")
     parser.add_argument("--hpz", type=positive_int, default=1, help="hpZ partition size (2: the whole node)")

@@ -40,16 +40,16 @@ class RLHFConfig:
     sft_steps: int = 200
     # The reward model's body trains longer than the actor: a judge that models the corpus
     # better than the policy can tell the policy's own text from real text.
-    reward_body_steps: int = 1000
-    reward_steps: int = 600
+    reward_body_steps: int = 2000
+    reward_steps: int = 1500
     reward_batch_per_rank: int = 16
     reward_lr: float = 1e-3
-    ppo_iterations: int = 40
+    ppo_iterations: int = 60
     rollouts_per_rank: int = 16
     ppo_epochs: int = 2
     actor_lr: float = 2e-4
     critic_lr: float = 1e-3
-    kl_coefficient: float = 0.05
+    kl_coefficient: float = 0.3
     clip: float = 0.2
     value_clip: float = 0.2
     gamma: float = 1.0
