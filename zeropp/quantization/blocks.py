@@ -179,9 +179,14 @@ def _log_code_table(device: torch.device) -> torch.Tensor:
     half the smallest level (2^-7, E = 120) and 0 below it. A lookup instead of integer
     passes over the bits: one gather ran 4.5x faster than nine passes."""
     index = torch.arange(1024, device=device)
-    exponent, top_bit = (index >> 1) & 0xFF, index & 1
-    magnitude = (exponent + top_bit - 120).clamp(1, 7).masked_fill(exponent < 120, 0)
+    magnitude = _log_magnitude((index >> 1) & 0xFF, index & 1)
     return torch.where(index >= 512, 8 - magnitude, 8 + magnitude).to(torch.uint8)
+
+
+def _log_magnitude(exponent: torch.Tensor, top_bit: torch.Tensor) -> torch.Tensor:
+    """|code| of the log grid from a float's exponent bits E and mantissa top bit t: the
+    rule of :func:`_log_code_table`, shared by the table and the compiled path."""
+    return (exponent + top_bit - 120).clamp(1, 7) * (exponent >= 120)
 
 
 def _log_offset_codes(scaled: torch.Tensor) -> torch.Tensor:
@@ -192,8 +197,7 @@ def _log_offset_codes(scaled: torch.Tensor) -> torch.Tensor:
     (every negative value got a positive code), through the lookup and without it alike."""
     if torch.compiler.is_compiling():
         bits = scaled.view(torch.int32)
-        exponent, top_bit = (bits >> 23) & 0xFF, (bits >> 22) & 1
-        magnitude = (exponent + top_bit - 120).clamp(1, 7) * (exponent >= 120)
+        magnitude = _log_magnitude((bits >> 23) & 0xFF, (bits >> 22) & 1)
         return torch.where(scaled < 0, 8 - magnitude, 8 + magnitude).to(torch.uint8)
     top_bits = (scaled.view(torch.int32) >> 22).bitwise_and_(0x3FF)
     return _log_code_table(scaled.device).index_select(0, top_bits.view(-1)).view(scaled.shape)

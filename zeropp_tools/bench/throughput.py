@@ -119,7 +119,7 @@ def ratios(results: dict) -> dict:
     table = {}
     for bandwidth, row in results.items():
         rate = {variant: cell["tokens_per_s"] for variant, cell in row.items() if "tokens_per_s" in cell}
-        fixed = {variant: value for variant, value in rate.items() if is_variant(variant) and variant != "auto"}
+        fixed = {variant: value for variant, value in rate.items() if is_variant(variant) and variant.removesuffix(COMPILED_SUFFIX) != "auto"}
         entry = {}
         if fixed:
             best = max(fixed, key=fixed.get)
