@@ -83,7 +83,7 @@ def test_kl_shaped_rewards_and_token_log_probs():
 def test_the_pipeline_runs_all_stages_on_two_nodes(tmp_path):
     out = tmp_path / "rlhf"
     assert main(["rlhf", "all", "--out", str(out), "--model", "tiny", "--sft-steps", "10", "--reward-body-steps", "10",
-                 "--reward-steps", "10", "--iterations", "3", "--rollouts-per-rank", "4", "--hpz", "2", "--qwz", "--mixz"]) == 0
+                 "--reward-steps", "10", "--iterations", "3", "--rollouts-per-rank", "4", "--hpz", "2", "--qwz", "--two-hop-gather", "--mixz"]) == 0
     results = json.loads((out / "results.json").read_text())
     records = results["ppo"]["records"]
     assert len(records) == 3 and (out / "ppo.png").is_file()

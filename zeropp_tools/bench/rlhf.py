@@ -4,8 +4,9 @@
 - ``zero3-per-token``: ZeRO-3, generation gathers every unit again for every token;
 - ``zero3-pinned``: ZeRO-3 in generation mode (each unit gathered once per generate call,
   across nodes, unquantized): the DeepSpeed hybrid engine's approach;
-- ``zeropp``: hpZ over the node, qwZ, qgZ and MixZ++ (frozen models INT8 in the node),
-  in generation mode.
+- ``zeropp``: hpZ over the node, qwZ through the two-hop gather (each trainable weight
+  crosses to a node once, INT8), qgZ and MixZ++ (frozen models INT8 in the node), in
+  generation mode.
 
 Each run reads the SFT and reward weights made once beforehand (``zeropp rlhf sft`` and
 ``reward``). Reported per run: median generation tokens/s, scoring and training seconds,
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 VARIANTS = {
     "zero3-per-token": ["--per-token-gathers"],
     "zero3-pinned": [],
-    "zeropp": ["--qwz", "--hpz", "2", "--qgz", "--mixz"],
+    "zeropp": ["--qwz", "--two-hop-gather", "--hpz", "2", "--qgz", "--mixz"],
 }
 
 

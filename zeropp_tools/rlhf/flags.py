@@ -23,6 +23,8 @@ def add_rlhf_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order, sampling and initial weights")
     parser.add_argument("--qwz", action="store_true", help="INT8 weight gathers for all four models")
     parser.add_argument("--hpz", type=positive_int, default=1, help="hpZ partition size (2: the whole node)")
+    parser.add_argument("--two-hop-gather", action="store_true",
+                        help="weights of the trainable models cross nodes once per node (the two-hop gather; INT8 with --qwz)")
     parser.add_argument("--qgz", action="store_true", help="INT4 gradient reduce-scatter for actor and critic")
     parser.add_argument("--mixz", action="store_true", help="MixZ++: frozen models INT8 and resident in the node")
     parser.add_argument("--per-token-gathers", action="store_true",
