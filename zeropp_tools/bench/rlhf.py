@@ -74,11 +74,8 @@ def run(weights: Path, out: Path, bandwidths: list[int | None], repetitions: int
             for variant in order:
                 folder = out / "runs" / f"{variant}-{bandwidth or 'unshaped'}-{repetition}"
                 spec = ClusterSpec(2, 2, bandwidth_mbit=bandwidth)
-                # Large blocks from mmap: freed gathered buffers leave the resident set at once,
-                # so "released memory returns to the resting level" is visible in RSS too.
                 result = run_on_cluster(spec, ppo_arguments(weights, folder, model, iterations, variant),
-                                        timeout_s=3600, logs=folder / "logs",
-                                        environment={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)})
+                                        timeout_s=3600, logs=folder / "logs")
                 if result["exit_codes"] != [0, 0]:
                     raise RuntimeError(f"{variant} at {bandwidth} Mbit/s failed:\n{result['output'][-3000:]}")
                 row = {"variant": variant, "bandwidth_mbit": bandwidth, "repetition": repetition,

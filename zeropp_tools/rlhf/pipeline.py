@@ -21,7 +21,7 @@ from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
 from zeropp.checkpoint import export_model
 from zeropp.data import ByteCorpus, load_stdlib_corpus
 from zeropp.engine.generation import gathered_bytes
-from zeropp.memory import process_resources
+from zeropp.memory import process_resources, trimmed_rss_bytes
 from zeropp.models import Block, GPTConfig
 from zeropp.train import TrainConfig, train
 
@@ -193,7 +193,9 @@ def _ppo_iteration(config, corpus, bigrams, generator, models, optimizers, itera
     count, start = config.rollouts_per_rank, config.prompt_length
     prompt = data.prompts(corpus, "train", iteration, count * world_size, start, config.seed)
     prompt = prompt[rank * count : (rank + 1) * count].to(device)
-    resting = process_resources()["rss_bytes"]
+    # Resting and released memory are read with the allocator's free pages handed back, outside
+    # the timed phases: what the models hold, not what glibc kept for reuse.
+    resting = trimmed_rss_bytes()
     began = time.perf_counter()
     with actor.generation_mode() if config.pinned_generation else torch.no_grad():
         sequences = actor.module.generate(prompt, config.continuation_length, temperature=config.temperature,
@@ -201,8 +203,9 @@ def _ppo_iteration(config, corpus, bigrams, generator, models, optimizers, itera
         pinned = gathered_bytes(actor)  # what generation mode holds at its end: every unit
         in_generation = process_resources()["rss_bytes"]
     generated = time.perf_counter()
-    memory = {"resting_rss": resting, "generation_rss": in_generation, "released_rss": process_resources()["rss_bytes"],
+    memory = {"resting_rss": resting, "generation_rss": in_generation, "released_rss": trimmed_rss_bytes(),
               "pinned_gathered_bytes": pinned, "released_gathered_bytes": gathered_bytes(actor)}
+    scoring_began = time.perf_counter()
     with torch.no_grad():
         old_log_probs = _generated_log_probs(actor, sequences, start)
         reference_log_probs = _generated_log_probs(reference, sequences, start)
@@ -228,7 +231,7 @@ def _ppo_iteration(config, corpus, bigrams, generator, models, optimizers, itera
         "iteration": iteration, "reward": _mean_over_ranks(score.mean()), "kl": _mean_over_ranks(kl),
         "order_gain": _mean_over_ranks(gain.mean().to(device)),
         "bigram_log_prob": _mean_over_ranks(data.bigram_score(bigrams, sequences, start).mean().to(device)),
-        "generation_s": generated - began, "scoring_s": scored - generated, "training_s": trained - scored,
+        "generation_s": generated - began, "scoring_s": scored - scoring_began, "training_s": trained - scored,
         "tokens_generated": count * world_size * config.continuation_length, "memory": memory,
         "sample": bytes(sequences[0].tolist()).decode("utf-8", errors="replace") if rank == 0 else None,
     }
