@@ -36,13 +36,17 @@ def generate_sharded(rank, world_size, options):
     model(*[t[:, :8] for t in (prompts(), prompts())]).backward()  # a training step before generating
     optimizer.step()
     optimizer.zero_grad()
+    views = []  # one entry per install_views call
+    for unit in model.units:
+        unit.install_views = lambda unit=unit, install=unit.install_views: (views.append(unit.index), install())
     results = {}
     for name, run in {"per_token": lambda: model.module.generate(prompts(), NEW_TOKENS),
                       "pinned": lambda: model.generate(prompts(), NEW_TOKENS),
                       "pinned_again": lambda: model.generate(prompts(), NEW_TOKENS),
                       "one_unit": lambda: model.generate(prompts(), NEW_TOKENS, max_pinned_units=1)}.items():
         model.comm_log.reset()
-        results[name] = (run(), *forward_gathers(model))
+        views.clear()
+        results[name] = (run(), *forward_gathers(model), len(views))
     with model.generation_mode():
         model.module.generate(prompts(), NEW_TOKENS)
         during = gathered_bytes(model)
@@ -60,12 +64,16 @@ def test_pinned_generation_gathers_each_unit_once_and_decodes_exactly(options):
         assert crossing["per_token"] > 0
         assert crossing["pinned"] == crossing["pinned_again"] == crossing["one_unit"] == 0
     for results, during, after, every_unit, units in ranks:
-        for name, (tokens, _, _) in results.items():
+        for name, (tokens, *_) in results.items():
             assert torch.equal(tokens, expected), name  # fp32 gathers: the unsharded model's tokens
         forwards = NEW_TOKENS  # the prompt, then one forward per new token but the last
         assert results["per_token"][1] == units * forwards
         assert results["pinned"][1] == units  # once per unit per generate() call
         assert units < results["one_unit"][1] < units * forwards + 1
+        # Views into a pinned buffer stand between tokens: installed once per unit per call
+        assert results["per_token"][3] == units * forwards
+        assert results["pinned"][3] == results["pinned_again"][3] == units
+        assert results["one_unit"][3] == results["one_unit"][1]  # a unit gathered again gets its views again
         assert during == every_unit and after == 0  # all pinned inside, all released on exit
 
 

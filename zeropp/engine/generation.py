@@ -28,6 +28,17 @@ class PinnedUnits:
         self.model = model
         self.limit = limit
         self.order: OrderedDict[int, None] = OrderedDict()
+        self.with_views: set[int] = set()  # units whose no-grad views, installed once, still stand
+
+    def install_views(self, unit) -> None:
+        """A pinned unit's buffer stays put between tokens, and so do the no-grad views into
+        it: install them at its first forward only (per token it was a tenth of decoding)."""
+        if torch.is_grad_enabled():  # views recording autograd; the next no-grad forward installs its own
+            self.with_views.discard(unit.index)
+            unit.install_views()
+        elif unit.index not in self.with_views:
+            unit.install_views()
+            self.with_views.add(unit.index)
 
     def keep(self, unit) -> None:
         """Called after ``unit``'s forward: keep it gathered, releasing the oldest beyond the limit."""
@@ -37,6 +48,7 @@ class PinnedUnits:
         self.order.move_to_end(unit.index)
         while self.limit is not None and len(self.order) > self.limit:
             oldest, _ = self.order.popitem(last=False)
+            self.with_views.discard(oldest)
             self.model._free(self.model.units[oldest])
 
 

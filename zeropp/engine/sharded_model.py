@@ -312,7 +312,10 @@ class ShardedModel(nn.Module):
         self._ensure_gathered(unit)
         if not self._in_backward:
             self._prefetch(self._forward_order, unit)
-        unit.install_views()
+        if self._pinned is not None:
+            self._pinned.install_views(unit)
+        else:
+            unit.install_views()
         return None
 
     def _post_forward(self, unit: Unit, module, args, output):

@@ -18,7 +18,8 @@ STAGE_FUNCTIONS = {"sft": run_sft, "reward": run_reward, "ppo": run_ppo}
 
 def rlhf_config(arguments) -> RLHFConfig:
     zero = ZeroConfig(quantized_weights=arguments.qwz, hpz_size=arguments.hpz, quantized_gradients=arguments.qgz,
-                      two_hop_weight_gather=arguments.two_hop_gather, quantized_nontrainable_weights=arguments.mixz)
+                      two_hop_weight_gather=arguments.two_hop_gather, quantized_nontrainable_weights=arguments.mixz,
+                      compute_dtype=arguments.precision)
     return RLHFConfig(out=arguments.out, weights=arguments.weights, model_size=arguments.model, sft_steps=arguments.sft_steps,
                       reward_body_steps=arguments.reward_body_steps,
                       reward_steps=arguments.reward_steps, ppo_iterations=arguments.iterations,

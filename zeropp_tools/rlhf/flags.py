@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..cli.values import MODEL_SIZES, positive_float, positive_int
+from ..cli.values import MODEL_SIZES, PRECISIONS, positive_float, positive_int
 
 STAGES = ("sft", "reward", "ppo", "all")
 
@@ -21,6 +21,8 @@ def add_rlhf_arguments(parser) -> None:
     parser.add_argument("--rollouts-per-rank", type=positive_int, default=16, help="prompts each rank rolls out per iteration")
     parser.add_argument("--kl", type=positive_float, default=0.3, help="KL penalty coefficient to the reference")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order, sampling and initial weights")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="compute dtype of PPO's gathered weights (SFT and the reward model train in fp32)")
     parser.add_argument("--qwz", action="store_true", help="INT8 weight gathers for all four models")
     parser.add_argument("--hpz", type=positive_int, default=1, help="hpZ partition size (2: the whole node)")
     parser.add_argument("--two-hop-gather", action="store_true",
