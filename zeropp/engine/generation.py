@@ -32,7 +32,7 @@ class PinnedUnits:
 
     def install_views(self, unit) -> None:
         """A pinned unit's buffer stays put between tokens, and so do the no-grad views into
-        it: install them at its first forward only (per token it was a tenth of decoding)."""
+        it: install them at its first forward only (per token it took 6-10% of decoding)."""
         if torch.is_grad_enabled():  # views recording autograd; the next no-grad forward installs its own
             self.with_views.discard(unit.index)
             unit.install_views()
