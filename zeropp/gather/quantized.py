@@ -74,8 +74,8 @@ class QuantizedGather(WeightGather):
     def fill_from_packed(self, flat, gathered: torch.Tensor) -> None:
         """Dequantize W packed shards [W * P] into ``flat.full_data``."""
         rows = gathered.view(self.topology.world_size, -1)  # one packed shard per rank
-        # Dequantized in fp32; the copy rounds to the compute dtype in the same pass.
-        flat.full_data.view(self.topology.world_size, -1).copy_(dequantize(rows, self.format, flat.shard_numel))
+        # Dequantized in fp32 and rounded once to the compute dtype.
+        dequantize(rows, self.format, flat.shard_numel, out=flat.full_data.view(self.topology.world_size, -1))
 
     def invalidate(self, flat) -> None:
         self.packed.invalidate(flat)

@@ -66,9 +66,12 @@ class TwoHopGather(WeightGather):
         # [D, N - 1, P]: row d' holds the other nodes' shards at local index d'
         everyone = remote.new_empty(per_node, nodes - 1, from_nodes.shape[1])
         self._wait(self.comm.all_gather(everyone.view(-1), remote, self.topology.group("intra_node"), phase, flat.name))
+        full = flat.full_data.view(nodes, per_node, flat.shard_numel)
+        if self.packed is not None and nodes == 2:  # one other node: its rows are contiguous in the buffer
+            dequantize(everyone.view(per_node, -1), self.packed.format, flat.shard_numel, out=full[others[0]])
+            return
         if self.packed is not None:
             everyone = dequantize(everyone.view(per_node * (nodes - 1), -1), self.packed.format, flat.shard_numel)
-        full = flat.full_data.view(nodes, per_node, flat.shard_numel)
         full[others] = everyone.view(per_node, nodes - 1, flat.shard_numel).transpose(0, 1).to(full.dtype)
 
     def invalidate(self, flat) -> None:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import native
+
 SUPPORTED_BITS = (2, 3, 4, 8, 12)
 PLANE_BITS = (2, 3)  # packed as eight bit planes per block
 GRIDS = ("uniform", "log")
@@ -82,6 +84,9 @@ def quantize(values: torch.Tensor, fmt: BlockFormat, generator: torch.Generator 
     With a ``generator``, codes are rounded stochastically (``floor(x / step + u)``,
     ``u ~ U[0, 1)``): unbiased in expectation, at the price of more variance."""
     rows = values.reshape(-1, values.shape[-1]) if values.dim() > 1 else values.view(1, -1)
+    if generator is None and native.handles(rows, fmt):
+        packed = native.quantize(rows, fmt)
+        return packed if values.dim() > 1 else packed.view(-1)
     noise = None if generator is None else torch.rand(rows.shape, generator=generator, device=rows.device)
     packed = pack(*quantize_blocks(rows, fmt, noise))
     return packed if values.dim() > 1 else packed.view(-1)
@@ -261,15 +266,25 @@ def _compiled_quantize_and_pack():
 
 def quantize_compiled(values: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """:func:`quantize` with the kernel through ``torch.compile`` (the first call per shape
-    compiles, which takes seconds). Same codes as :func:`quantize`."""
+    compiles, which takes seconds) where the native kernels do not cover it. Same codes as
+    :func:`quantize`."""
     rows = values.reshape(-1, values.shape[-1]) if values.dim() > 1 else values.view(1, -1)
-    packed = _compiled_quantize_and_pack()(rows, fmt)
+    packed = native.quantize(rows, fmt) if native.handles(rows, fmt) else _compiled_quantize_and_pack()(rows, fmt)
     return packed if values.dim() > 1 else packed.view(-1)
 
 
-def dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Inverse of :func:`quantize`: packed [P] or [K, P] -> values [numel] or [K, numel]."""
+def dequantize(packed: torch.Tensor, fmt: BlockFormat, numel: int, dtype: torch.dtype = torch.float32,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse of :func:`quantize`: packed [P] or [K, P] -> values [numel] or [K, numel].
+
+    With ``out`` (contiguous, K * numel values of any float dtype) the values are computed
+    in fp32 and rounded once into it, and ``out`` is returned."""
     rows = packed if packed.dim() > 1 else packed.view(1, -1)
+    if native.handles(rows, fmt):
+        values = native.dequantize(rows, fmt, numel, dtype, out)
+        return values if out is not None or packed.dim() > 1 else values.view(-1)
+    if out is not None:
+        return out.copy_(dequantize(packed, fmt, numel).view(out.shape))
     num_rows = rows.shape[0]
     assert rows.shape[1] == fmt.packed_nbytes(numel), (rows.shape, numel)
     code_nbytes = fmt.code_nbytes(numel)
@@ -306,7 +321,10 @@ def _compiled_dequantize():
 
 def dequantize_compiled(packed: torch.Tensor, fmt: BlockFormat, numel: int,
                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """:func:`dequantize` through ``torch.compile``; the same values."""
+    """:func:`dequantize` through ``torch.compile`` where the native kernels do not cover
+    it; the same values."""
+    if native.handles(packed, fmt):
+        return dequantize(packed, fmt, numel, dtype)
     return _compiled_dequantize()(packed, fmt, numel, dtype)
 
 
