@@ -40,7 +40,7 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _ENABLED = contextvars.ContextVar("zeropp_native_kernels_enabled", default=True)
 # -ffp-contract=off: a fused multiply-add would round x * inverse + 1.5 * 2^23 once, not
 # twice as torch does, and move ties (x * inverse = k + 0.5) to the other code.
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared", "-pthread"]
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 
 
 def _cpu_signature() -> str:

@@ -4,14 +4,13 @@
  * Formats handled: uniform INT8, uniform INT4 and log-grid INT4 (layouts in blocks.py).
  * Inputs are fp32 or bf16; outputs of dequantization fp32 or bf16 (rounded to nearest
  * even, as torch's conversion does). Every function takes [rows, n] row-major data and
- * splits the blocks over `threads` POSIX threads.
+ * splits the blocks over `threads` OpenMP threads.
  *
  * Exactness notes: the per-block inverse is `divisor * (1 / absmax)` and every code is
  * round-half-even(x * inverse), as in torch; absmax is taken on the bit patterns of |x|
  * (for non-negative floats integer order is float order, NaN above inf, +0.0 for an
  * all-zero block), which vectorises without -ffast-math.
  */
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -152,22 +151,20 @@ static void *run_range(void *argument) {
 
 #define MAX_THREADS 64
 
+/* OpenMP, not threads of our own: this library's libgomp.so.1 resolves to the copy torch
+ * has loaded, so the blocks run on torch's own worker threads. Threads of our own ran
+ * beside torch's, which spin for a while after each of its parallel operations, and got no
+ * speed-up from a second core. */
 static int run_blocks(const Job *job, void (*block_fn)(const Job *, int64_t, int64_t), int threads) {
     if (job->block_size < 2 || job->block_size > MAX_BLOCK || job->block_size % 2 || job->numel % job->block_size)
         return -1;
     const int64_t total = job->rows * (job->numel / job->block_size);
     threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
-    if (total < 1024 * threads) threads = 1;  /* a thread's start costs more than a few blocks */
-    Range ranges[MAX_THREADS];
-    pthread_t handles[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int t = 0; t < threads; t++)
-        ranges[t] = (Range){job, block_fn, total * t / threads, total * (t + 1) / threads};
-    for (int t = 1; t < threads; t++) started[t] = pthread_create(&handles[t], NULL, run_range, &ranges[t]) == 0;
-    run_range(&ranges[0]);
-    for (int t = 1; t < threads; t++) {
-        if (started[t]) pthread_join(handles[t], NULL);
-        else run_range(&ranges[t]);
+    if (total < 256 * threads) threads = 1;  /* waking a worker costs more than a few blocks */
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; t++) {
+        Range range = {job, block_fn, total * t / threads, total * (t + 1) / threads};
+        run_range(&range);
     }
     return 0;
 }
