@@ -125,10 +125,10 @@ def test_compiled_fast_path_produces_the_reference_codes(bits, grid):
     assert torch.equal(restored, reference_dequantize(packed, fmt, values.numel()))
 
 
-NATIVE_FORMATS = [BlockFormat(8, 256), BlockFormat(4, 256), BlockFormat(4, 256, "log")]
+NATIVE_FORMATS = [BlockFormat(8, 256), BlockFormat(4, 256), BlockFormat(4, 256, "log"), BlockFormat(12, 256)]
 
 
-@pytest.mark.parametrize("fmt", NATIVE_FORMATS, ids=["int8", "int4", "log4"])
+@pytest.mark.parametrize("fmt", NATIVE_FORMATS, ids=["int8", "int4", "log4", "int12"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_native_kernels_equal_the_torch_path_on_large_rows(fmt, dtype, threads):
@@ -175,5 +175,5 @@ def test_native_kernels_keep_a_nonfinite_block_visible():
 
 def test_formats_beyond_the_native_kernels_take_the_torch_path():
     assert not native.handles(torch.zeros(8192), BlockFormat(8, 8192))
-    assert not native.handles(torch.zeros(64), BlockFormat(12, 64))
+    assert not native.handles(torch.zeros(64), BlockFormat(3, 64))
     assert native.handles(torch.zeros(64), BlockFormat(4, 64, "log")) == native.available()

@@ -1,4 +1,4 @@
-"""Native CPU kernels for the common formats (uniform INT8 / INT4, log-grid INT4).
+"""Native CPU kernels for the common formats (uniform INT8 / INT4 / INT12, log-grid INT4).
 
 ``native_kernels.c`` is compiled once per machine with the system C compiler into a cache
 directory and called through ``ctypes``; the torch path in ``blocks.py`` stays the
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("native_kernels.c")
-_FORMATS = {(8, "uniform"): 0, (4, "uniform"): 1, (4, "log"): 2}
+_FORMATS = {(8, "uniform"): 0, (4, "uniform"): 1, (4, "log"): 2, (12, "uniform"): 3}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 # False within `torch_path_only()`, with which the tests hold the torch path (CUDA's) to
 # the reference as well.

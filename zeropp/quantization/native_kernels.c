@@ -1,7 +1,7 @@
 /* Block quantization for CPU tensors: the same codes and values as blocks.py's torch path,
  * in one pass per block instead of one pass per operation.
  *
- * Formats handled: uniform INT8, uniform INT4 and log-grid INT4 (layouts in blocks.py).
+ * Formats handled: uniform INT8, INT4 and INT12, log-grid INT4 (layouts in blocks.py).
  * Inputs are fp32 or bf16; outputs of dequantization fp32 or bf16 (rounded to nearest
  * even, as torch's conversion does). Every function takes [rows, n] row-major data and
  * splits the blocks over `threads` OpenMP threads.
@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { FORMAT_INT8 = 0, FORMAT_INT4 = 1, FORMAT_LOG4 = 2 };
+enum { FORMAT_INT8 = 0, FORMAT_INT4 = 1, FORMAT_LOG4 = 2, FORMAT_INT12 = 3 };
 enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1 };
 #define MAX_BLOCK 4096
 
@@ -38,7 +38,11 @@ static inline uint16_t float_to_bfloat16(float value) {
  * in the mantissa under the default rounding mode. */
 static inline float round_even(float x) { return (x + 12582912.0f) - 12582912.0f; }
 
-static inline float max_code_of(int format) { return format == FORMAT_INT8 ? 127.0f : format == FORMAT_INT4 ? 7.0f : 1.0f; }
+static inline float max_code_of(int format) {
+    return format == FORMAT_INT8 ? 127.0f : format == FORMAT_INT4 ? 7.0f : format == FORMAT_INT12 ? 2047.0f : 1.0f;
+}
+
+static inline int64_t bits_of(int format) { return format == FORMAT_INT8 ? 8 : format == FORMAT_INT12 ? 12 : 4; }
 
 /* The block's values as fp32: fp32 input is read in place, bf16 widened into `buffer`. */
 static const float *load_block(const Job *job, int64_t row, int64_t block, float *buffer) {
@@ -71,12 +75,23 @@ static void quantize_block(const Job *job, int64_t row, int64_t block) {
     /* torch evaluates `divisor / absmax` (a number over a tensor) as divisor * (1 / absmax) */
     const float inverse = absmax > 0.0f ? divisor * (1.0f / absmax) : 0.0f;
     uint8_t *row_out = (uint8_t *)job->output + row * job->row_stride_bytes;
-    const int64_t code_bytes = job->format == FORMAT_INT8 ? job->numel : job->numel / 2;
+    const int64_t code_bytes = job->numel * bits_of(job->format) / 8;
     const float scale = absmax / divisor;
     memcpy(row_out + code_bytes + block * sizeof(float), &scale, sizeof(float));
     if (job->format == FORMAT_INT8) {
         int8_t *restrict codes = (int8_t *)row_out + block * size;
         for (int64_t i = 0; i < size; i++) codes[i] = (int8_t)(int32_t)round_even(values[i] * inverse);
+        return;
+    }
+    if (job->format == FORMAT_INT12) {  /* elements j and j + B/2 share three bytes */
+        uint8_t *restrict codes = row_out + block * half * 3;
+        for (int64_t j = 0; j < half; j++) {
+            int32_t low = (int32_t)round_even(values[j] * inverse) + 2048;
+            int32_t high = (int32_t)round_even(values[j + half] * inverse) + 2048;
+            codes[3 * j] = (uint8_t)(low & 0xFF);
+            codes[3 * j + 1] = (uint8_t)((low >> 8) | ((high & 0xF) << 4));
+            codes[3 * j + 2] = (uint8_t)(high >> 4);
+        }
         return;
     }
     uint8_t *restrict codes = row_out + block * half;  /* element j low nibble, element j + B/2 high */
@@ -112,13 +127,21 @@ static inline float log_level(int32_t offset_code) {
 static void dequantize_block(const Job *job, int64_t row, int64_t block) {
     const int64_t size = job->block_size, half = size / 2;
     const uint8_t *row_in = (const uint8_t *)job->input + row * job->row_stride_bytes;
-    const int64_t code_bytes = job->format == FORMAT_INT8 ? job->numel : job->numel / 2;
+    const int64_t code_bytes = job->numel * bits_of(job->format) / 8;
     float scale, buffer[MAX_BLOCK];
     memcpy(&scale, row_in + code_bytes + block * sizeof(float), sizeof(float));
     float *restrict values = block_target(job, row, block, buffer);
     if (job->format == FORMAT_INT8) {
         const int8_t *restrict codes = (const int8_t *)row_in + block * size;
         for (int64_t i = 0; i < size; i++) values[i] = (float)codes[i] * scale;
+    } else if (job->format == FORMAT_INT12) {
+        const uint8_t *restrict codes = row_in + block * half * 3;
+        for (int64_t j = 0; j < half; j++) {
+            int32_t low = codes[3 * j] | ((codes[3 * j + 1] & 0xF) << 8);
+            int32_t high = (codes[3 * j + 1] >> 4) | (codes[3 * j + 2] << 4);
+            values[j] = (float)(low - 2048) * scale;
+            values[j + half] = (float)(high - 2048) * scale;
+        }
     } else if (job->format == FORMAT_INT4) {
         const uint8_t *restrict codes = row_in + block * half;
         for (int64_t j = 0; j < half; j++) {
