@@ -298,8 +298,11 @@ class ShardedModel(nn.Module):
     def _prefetch(self, order: ExecutionOrder, unit: Unit) -> None:
         if not self.config.prefetch:
             return
-        following = order.next_after(unit.index)
-        if following is not None:
+        following = unit.index
+        for _ in range(self.config.prefetch_units):
+            following = order.next_after(following)
+            if following is None:
+                return
             self._start_gather(self.units[following])
 
     # ----------------------------------------------------------------- hooks

@@ -34,19 +34,34 @@ VARIANTS = {
     "zero++-int4-log-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "4,4", "--gradient-grid", "log"],
 }
 """zeropp's variants as ``zeropp train`` flags; the names up to auto are auto mode's candidates'.
-Any of them with ``+compiled`` appended runs its quantization kernels through torch.compile."""
+Any of them may carry suffixes from ``SUFFIXES``, e.g. ``log-grid+prefetch2``."""
 COMPILED_SUFFIX = "+compiled"
+SUFFIXES = {
+    COMPILED_SUFFIX: ["--compile-quantization"],  # quantization kernels through torch.compile
+    "+prefetch2": ["--prefetch-units", "2"],  # two units' gathers in flight
+}
+
+
+def _split_suffixes(name: str) -> tuple[str, list[str]]:
+    """``name`` -> (base variant, the flags of its suffixes)."""
+    flags: list[str] = []
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix, suffix_flags in SUFFIXES.items():
+            if name.endswith(suffix):
+                name, flags, stripped = name.removesuffix(suffix), suffix_flags + flags, True
+    return name, flags
 
 
 def is_variant(name: str) -> bool:
-    return name.removesuffix(COMPILED_SUFFIX) in VARIANTS
+    return _split_suffixes(name)[0] in VARIANTS
 
 
 def variant_arguments(name: str, ranks_per_node: int) -> list[str]:
     """The ``zeropp train`` flags of variant ``name``."""
-    base = name.removesuffix(COMPILED_SUFFIX)
-    flags = [a.format(ranks_per_node=ranks_per_node) for a in VARIANTS[base]]
-    return flags + (["--compile-quantization"] if name != base else [])
+    base, suffix_flags = _split_suffixes(name)
+    return [a.format(ranks_per_node=ranks_per_node) for a in VARIANTS[base]] + suffix_flags
 
 
 def _bandwidth(text: str) -> float | None:

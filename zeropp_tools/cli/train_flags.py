@@ -89,6 +89,8 @@ def _add_communication(group) -> None:
                        help="qgZ inter-node bits from --late-bits-from-step on")
     group.add_argument("--compile-quantization", action="store_true",
                        help="quantize through torch.compile (faster after one compile per shape)")
+    group.add_argument("--prefetch-units", type=positive_int, default=1,
+                       help="units ahead whose weight gathers are in flight while one computes")
 
 
 def _add_checkpoints(group) -> None:

@@ -78,6 +78,7 @@ def zero_config(arguments, explicit: set[str]) -> tuple[ZeroConfig, dict]:
         late_weight_bits=arguments.late_weight_bits, late_gradient_bits_inter_node=arguments.late_gradient_bits,
         auto=arguments.auto, auto_probe_every=arguments.auto_probe_every,
         weight_deltas=arguments.weight_deltas, weight_delta_bits=arguments.weight_delta_bits,
+        prefetch_units=arguments.prefetch_units,
     )
     if not arguments.deepspeed_config:
         return zero, {}
