@@ -148,7 +148,9 @@ class ZeroConfig:
     shard_alignment: int = 1
     """Each rank's shard length is a multiple of this many elements."""
     compile_quantization: bool = False
-    """Run the quantization kernel through torch.compile (fast; compiles once per shape)."""
+    """Run the torch quantization kernel through torch.compile (compiles once per shape)
+    where the native CPU kernels do not apply: CUDA tensors, INT2/3 codes, CPUs without a
+    C compiler. The same codes either way."""
     debug_collective_order: bool = False
     """Before every collective, check that all ranks issue the same one (slow; for hangs)."""
 

@@ -88,7 +88,7 @@ def _add_communication(group) -> None:
     group.add_argument("--late-gradient-bits", type=int, default=4, choices=BIT_WIDTHS,
                        help="qgZ inter-node bits from --late-bits-from-step on")
     group.add_argument("--compile-quantization", action="store_true",
-                       help="quantize through torch.compile (faster after one compile per shape)")
+                       help="quantize through torch.compile where the native CPU kernels do not apply")
     group.add_argument("--prefetch-units", type=positive_int, default=1,
                        help="units ahead whose weight gathers are in flight while one computes")
 
