@@ -77,14 +77,14 @@ def _compile(target: Path) -> None:
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("ZEROPP_NATIVE_KERNELS", "1") == "0":
         return None
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(_FLAGS).encode() + _cpu_signature().encode()).hexdigest()[:16]
-    target = _cache_directory() / f"zeropp_quantization_{key}.so"
     try:
+        source = _SOURCE.read_bytes()
+        key = hashlib.sha256(source + " ".join(_FLAGS).encode() + _cpu_signature().encode()).hexdigest()[:16]
+        target = _cache_directory() / f"zeropp_quantization_{key}.so"
         if not target.exists():
             _compile(target)
         library = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError) as error:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:  # RuntimeError: no home folder
         detail = getattr(error, "stderr", "") or error
         logger.warning("native quantization kernels unavailable, using the torch path: %s", detail)
         return None
