@@ -20,8 +20,9 @@ class ExecutionOrder:
         if self._order:
             self.frozen = True
 
-    def next_after(self, unit_index: int) -> int | None:
+    def following(self, unit_index: int, count: int) -> list[int]:
+        """Up to ``count`` units after ``unit_index``, in order."""
         if not self.frozen or unit_index not in self._position:
-            return None
+            return []
         position = self._position[unit_index] + 1
-        return self._order[position] if position < len(self._order) else None
+        return self._order[position : position + count]

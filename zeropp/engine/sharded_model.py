@@ -298,11 +298,7 @@ class ShardedModel(nn.Module):
     def _prefetch(self, order: ExecutionOrder, unit: Unit) -> None:
         if not self.config.prefetch:
             return
-        following = unit.index
-        for _ in range(self.config.prefetch_units):
-            following = order.next_after(following)
-            if following is None:
-                return
+        for following in order.following(unit.index, self.config.prefetch_units):
             self._start_gather(self.units[following])
 
     # ----------------------------------------------------------------- hooks

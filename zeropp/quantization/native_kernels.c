@@ -158,20 +158,6 @@ static void dequantize_block(const Job *job, int64_t row, int64_t block) {
     narrow_block(job, row, block, values);
 }
 
-typedef struct {
-    const Job *job;
-    void (*block_fn)(const Job *, int64_t, int64_t);
-    int64_t first, last;  /* global block indices [first, last) */
-} Range;
-
-static void *run_range(void *argument) {
-    const Range *range = (const Range *)argument;
-    const int64_t blocks_per_row = range->job->numel / range->job->block_size;
-    for (int64_t index = range->first; index < range->last; index++)
-        range->block_fn(range->job, index / blocks_per_row, index % blocks_per_row);
-    return NULL;
-}
-
 #define MAX_THREADS 64
 
 /* OpenMP, not threads of our own: this library's libgomp.so.1 resolves to the copy torch
@@ -181,14 +167,13 @@ static void *run_range(void *argument) {
 static int run_blocks(const Job *job, void (*block_fn)(const Job *, int64_t, int64_t), int threads) {
     if (job->block_size < 2 || job->block_size > MAX_BLOCK || job->block_size % 2 || job->numel % job->block_size)
         return -1;
-    const int64_t total = job->rows * (job->numel / job->block_size);
+    const int64_t blocks_per_row = job->numel / job->block_size, total = job->rows * blocks_per_row;
     threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (total < 256 * threads) threads = 1;  /* waking a worker costs more than a few blocks */
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < threads; t++) {
-        Range range = {job, block_fn, total * t / threads, total * (t + 1) / threads};
-        run_range(&range);
-    }
+    for (int t = 0; t < threads; t++)  /* thread t takes global blocks [total t / T, total (t + 1) / T) */
+        for (int64_t index = total * t / threads; index < total * (t + 1) / threads; index++)
+            block_fn(job, index / blocks_per_row, index % blocks_per_row);
     return 0;
 }
 

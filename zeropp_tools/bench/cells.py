@@ -35,9 +35,8 @@ VARIANTS = {
 }
 """zeropp's variants as ``zeropp train`` flags; the names up to auto are auto mode's candidates'.
 Any of them may carry suffixes from ``SUFFIXES``, e.g. ``log-grid+prefetch2``."""
-COMPILED_SUFFIX = "+compiled"
 SUFFIXES = {
-    COMPILED_SUFFIX: ["--compile-quantization"],  # quantization kernels through torch.compile
+    "+compiled": ["--compile-quantization"],  # quantization kernels through torch.compile
     "+prefetch2": ["--prefetch-units", "2"],  # two units' gathers in flight
 }
 
@@ -54,8 +53,13 @@ def _split_suffixes(name: str) -> tuple[str, list[str]]:
     return name, flags
 
 
+def base_variant(name: str) -> str:
+    """``name`` without its suffixes: ``log-grid+prefetch2`` -> ``log-grid``."""
+    return _split_suffixes(name)[0]
+
+
 def is_variant(name: str) -> bool:
-    return _split_suffixes(name)[0] in VARIANTS
+    return base_variant(name) in VARIANTS
 
 
 def variant_arguments(name: str, ranks_per_node: int) -> list[str]:

@@ -20,7 +20,7 @@ import logging
 import statistics
 from pathlib import Path
 
-from zeropp_tools.bench.cells import COMPILED_SUFFIX, PEERS, VARIANTS, is_variant, measure, measure_peer
+from zeropp_tools.bench.cells import PEERS, SUFFIXES, VARIANTS, base_variant, is_variant, measure, measure_peer
 from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.plan import compare, comparison_markdown
@@ -119,7 +119,7 @@ def ratios(results: dict) -> dict:
     table = {}
     for bandwidth, row in results.items():
         rate = {variant: cell["tokens_per_s"] for variant, cell in row.items() if "tokens_per_s" in cell}
-        fixed = {variant: value for variant, value in rate.items() if is_variant(variant) and variant.removesuffix(COMPILED_SUFFIX) != "auto"}
+        fixed = {variant: value for variant, value in rate.items() if is_variant(variant) and base_variant(variant) != "auto"}
         entry = {}
         if fixed:
             best = max(fixed, key=fixed.get)
@@ -193,7 +193,7 @@ def main(args) -> int:
     unknown = [v for v in variants if not is_variant(v) and v not in PEERS]
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}, "
-                         f"a variant of zeropp also with {COMPILED_SUFFIX!r} appended")
+                         f"a variant of zeropp also with any of {list(SUFFIXES)} appended")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out,
