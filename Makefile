@@ -55,6 +55,6 @@ bench-cluster: setup deepspeed-setup
 	$(VENV)/bin/zeropp bench throughput --bandwidths none,200 --repetitions 3 --steps 12 \
 		--variants zero3,zero++,zero++-two-hop,auto,$(BENCH_PEERS) --out benchmarks/results/throughput/none_200
 	$(VENV)/bin/zeropp bench throughput --bandwidths none,1000,200,50 --repetitions 2 --steps 20 \
-		--variants zero3,zero++,zero++-two-hop,auto --out benchmarks/results/throughput/auto
+		--variants zero3,zero++,zero++-two-hop,log-grid+prefetch2,auto --out benchmarks/results/throughput/auto
 	$(VENV)/bin/zeropp bench replan --out benchmarks/results/replan
-	$(VENV)/bin/zeropp bench sweep --out benchmarks/results/sweep
+	$(VENV)/bin/zeropp bench sweep --repetitions 3 --out benchmarks/results/sweep
