@@ -293,3 +293,13 @@ def test_throughput_ratios_hold_auto_to_its_candidates_and_report_the_quality_se
     assert entry["slowest_fixed_vs_zero3"] == pytest.approx(1.0)  # zero3 is the slowest fixed variant here
     assert entry["log-grid+prefetch2_vs_zero++"] == pytest.approx(0.9)
     assert entry["zero++_vs_best_fsdp2"] == pytest.approx(2.0)
+
+
+def test_throughput_summary_of_auto_runs_still_trying_at_their_last_step():
+    from zeropp_tools.bench.throughput import summarize
+
+    decided = {"tokens_per_s": 100.0, "median_step_s": 1.0, "trial_steps": 4, "steady_tokens_per_s": 110.0}
+    trying = {"tokens_per_s": 90.0, "median_step_s": 1.1, "trial_steps": 12, "steady_tokens_per_s": None}
+    cell = summarize({"none": {"auto": [trying, decided, trying]}})["none"]["auto"]
+    assert cell["tokens_per_s"] == 90.0 and cell["tokens_per_s_runs"] == [90.0, 90.0, 100.0]
+    assert cell["steady_tokens_per_s"] == 110.0  # from the one run that decided

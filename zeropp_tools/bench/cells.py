@@ -113,11 +113,12 @@ def measure(spec: ClusterSpec, variant: str, train_arguments: list[str], during=
 
 
 def _auto_figures(summary: dict, steps: list[dict]) -> dict:
-    """Auto mode's decisions, and its tokens/s once the first was made (trials excluded)."""
+    """Auto mode's decisions, and its tokens/s once the first was made (trials excluded;
+    None when it was still trying candidates at the last step)."""
     decisions = summary.get("auto_decisions")
-    if not decisions:
+    if decisions is None:  # not auto mode
         return {}
-    first = decisions[0]["step"]
+    first = decisions[0]["step"] if decisions else len(steps)
     tokens_per_step = summary["tokens_per_s"] * summary["median_step_s"]
     steady = [row["step_s"] for row in steps[first:]]
     return {"auto_decisions": decisions, "auto_choices": [row.get("auto_choice") for row in steps],

@@ -36,12 +36,13 @@ def _bandwidth(text: str) -> float | None:
 
 
 def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[str], train_arguments: list[str],
-        out: Path, repetitions: int = 3) -> dict:
+        out: Path, repetitions: int = 3, known: dict | None = None) -> dict:
     """Measures every (bandwidth, variant) ``repetitions`` times in rotated order; the JSON
-    is rewritten after each run, and a failed run is recorded with its logs instead of
-    ending the benchmark."""
-    report = {"layout": f"{nodes}x{ranks_per_node}", "train_arguments": train_arguments, "repetitions": repetitions,
-              "provenance": provenance(), "runs": {text: {variant: [] for variant in variants} for text in bandwidths}}
+    (``known`` and the runs so far) is rewritten after each run, and a failed run is
+    recorded with its logs instead of ending the benchmark."""
+    report = {**(known or {}), "layout": f"{nodes}x{ranks_per_node}", "train_arguments": train_arguments,
+              "repetitions": repetitions, "provenance": provenance(),
+              "runs": {text: {variant: [] for variant in variants} for text in bandwidths}}
     cells = [(text, variant) for text in bandwidths for variant in variants]
     for repetition in range(repetitions):
         shift = repetition * len(cells) // repetitions
@@ -77,8 +78,9 @@ def summarize(runs: dict) -> dict:
             cell = {key: value for key, value in median_run.items() if key not in ("step_s", "auto_choices")}
             cell.update(tokens_per_s=statistics.median(rates), tokens_per_s_runs=rates,
                         median_step_s=statistics.median(run["median_step_s"] for run in good))
-            if "steady_tokens_per_s" in median_run:
-                cell["steady_tokens_per_s"] = statistics.median(run["steady_tokens_per_s"] for run in good)
+            steady = [run["steady_tokens_per_s"] for run in good if run.get("steady_tokens_per_s") is not None]
+            if steady:  # auto mode's runs that decided before their last step
+                cell["steady_tokens_per_s"] = statistics.median(steady)
             results[bandwidth][variant] = cell
         baseline = results[bandwidth].get("zero3", {}).get("tokens_per_s")
         for cell in results[bandwidth].values():
@@ -192,6 +194,11 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(args) -> int:
+    out = Path(args.out)
+    if args.report_only:  # a benchmark that stopped early: its JSON holds every finished run
+        report = json.loads((out / "throughput.json").read_text())
+        report["results"] = summarize(report["runs"])
+        return _write_report(report, out)
     precision, why = chosen_precision(args.precision)
     logger.info("precision %s (%s)", precision, why)
     train_arguments = ["--model", args.model, "--steps", str(args.steps), "--batch-per-rank", str(args.batch_per_rank),
@@ -201,11 +208,14 @@ def main(args) -> int:
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}, "
                          f"a variant of zeropp also with any of {list(SUFFIXES)} appended")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out,
-                 args.repetitions)
-    report["precision"] = {"compute_dtype": precision, "why": why}
+    report = {"precision": {"compute_dtype": precision, "why": why}}
+    report |= run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out,
+                  args.repetitions, report)
+    return _write_report(report, out)
+
+
+def _write_report(report: dict, out: Path) -> int:
     report["ratios"] = ratios(report["results"])
     report["planner"] = compare(report)  # the planner's step times against these measurements
     (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -197,6 +197,8 @@ def _add_bench_throughput(bench) -> None:
     throughput.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
                             help="compute dtype; auto: bf16 where the CPU computes it natively, else fp32")
     throughput.add_argument("--out", default="runs/bench/throughput", help="folder for JSON, markdown and plot")
+    throughput.add_argument("--report-only", action="store_true",
+                            help="rebuild the report from the finished runs in --out (after a benchmark stopped early)")
 
 
 def _add_cluster_run(parser, out: str, batch_per_rank: bool = True) -> None:
