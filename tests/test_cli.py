@@ -303,3 +303,24 @@ def test_throughput_summary_of_auto_runs_still_trying_at_their_last_step():
     cell = summarize({"none": {"auto": [trying, decided, trying]}})["none"]["auto"]
     assert cell["tokens_per_s"] == 90.0 and cell["tokens_per_s_runs"] == [90.0, 90.0, 100.0]
     assert cell["steady_tokens_per_s"] == 110.0  # from the one run that decided
+
+
+def test_a_resumed_throughput_benchmark_measures_only_the_missing_runs(tmp_path, monkeypatch):
+    from zeropp_tools.bench import throughput
+
+    measured = []
+
+    def fake_measure(spec, variant, train_arguments):
+        measured.append((spec.bandwidth_mbit, variant))
+        return {"tokens_per_s": 100.0, "median_step_s": 1.0}
+
+    monkeypatch.setattr(throughput, "measure", fake_measure)
+    done = {"tokens_per_s": 50.0, "median_step_s": 2.0}
+    known = {"runs": {"none": {"zero3": [done, done], "zero++": [done]}, "200": {"zero3": [done], "zero++": []}},
+             "provenance": {"git_commit": "first"}}
+    report = throughput.run(2, 2, ["none", "200"], ["zero3", "zero++"], ["--steps", "2"], tmp_path, 2, known)
+    assert sorted(measured, key=str) == sorted([(None, "zero++"), (200.0, "zero3"), (200.0, "zero++"), (200.0, "zero++")],
+                                               key=str)
+    assert all(len(row[variant]) == 2 for row in report["runs"].values() for variant in row)
+    assert report["provenance"] == {"git_commit": "first"} and "resumed_provenance" in report
+    assert json.loads((tmp_path / "throughput.json").read_text())["runs"] == report["runs"]

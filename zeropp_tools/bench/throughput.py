@@ -39,14 +39,19 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
         out: Path, repetitions: int = 3, known: dict | None = None) -> dict:
     """Measures every (bandwidth, variant) ``repetitions`` times in rotated order; the JSON
     (``known`` and the runs so far) is rewritten after each run, and a failed run is
-    recorded with its logs instead of ending the benchmark."""
-    report = {**(known or {}), "layout": f"{nodes}x{ranks_per_node}", "train_arguments": train_arguments,
-              "repetitions": repetitions, "provenance": provenance(),
-              "runs": {text: {variant: [] for variant in variants} for text in bandwidths}}
+    recorded with its logs instead of ending the benchmark. Runs already in ``known``
+    (a stopped benchmark's) are not measured again."""
+    report = {"layout": f"{nodes}x{ranks_per_node}", "train_arguments": train_arguments, "repetitions": repetitions,
+              "provenance": provenance(), "runs": {text: {variant: [] for variant in variants} for text in bandwidths},
+              **(known or {})}
+    if known and "runs" in known:
+        report["resumed_provenance"] = provenance()
     cells = [(text, variant) for text in bandwidths for variant in variants]
     for repetition in range(repetitions):
         shift = repetition * len(cells) // repetitions
         for text, variant in cells[shift:] + cells[:shift]:
+            if len(report["runs"][text][variant]) > repetition:
+                continue
             spec = ClusterSpec(nodes, ranks_per_node, _bandwidth(text))
             try:
                 measured = (measure_peer if variant in PEERS else measure)(spec, variant, train_arguments)
@@ -195,8 +200,10 @@ def plot(report: dict, path: Path) -> None:
 
 def main(args) -> int:
     out = Path(args.out)
-    if args.report_only:  # a benchmark that stopped early: its JSON holds every finished run
+    if args.report_only or args.resume:  # a benchmark that stopped early: its JSON holds every finished run
         report = json.loads((out / "throughput.json").read_text())
+        if args.resume:
+            return _resume(report, out)
         report["results"] = summarize(report["runs"])
         return _write_report(report, out)
     precision, why = chosen_precision(args.precision)
@@ -212,6 +219,19 @@ def main(args) -> int:
     report = {"precision": {"compute_dtype": precision, "why": why}}
     report |= run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out,
                   args.repetitions, report)
+    return _write_report(report, out)
+
+
+def _resume(report: dict, out: Path) -> int:
+    """Measures what a stopped benchmark left unmeasured, with its own bandwidths, variants,
+    training arguments and repetitions (the flags given now are not used)."""
+    nodes, ranks_per_node = (int(text) for text in report["layout"].split("x"))
+    bandwidths = list(report["runs"])
+    variants = list(report["runs"][bandwidths[0]])
+    logger.info("resuming %s: %s at %s Mbit/s, %s", out, ",".join(variants), ",".join(bandwidths),
+                " ".join(report["train_arguments"]))
+    report = run(nodes, ranks_per_node, bandwidths, variants, report["train_arguments"], out, report["repetitions"],
+                 report)
     return _write_report(report, out)
 
 

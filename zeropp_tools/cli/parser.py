@@ -199,6 +199,8 @@ def _add_bench_throughput(bench) -> None:
     throughput.add_argument("--out", default="runs/bench/throughput", help="folder for JSON, markdown and plot")
     throughput.add_argument("--report-only", action="store_true",
                             help="rebuild the report from the finished runs in --out (after a benchmark stopped early)")
+    throughput.add_argument("--resume", action="store_true",
+                            help="measure only the runs a stopped benchmark in --out left, with its settings")
 
 
 def _add_cluster_run(parser, out: str, batch_per_rank: bool = True) -> None:
