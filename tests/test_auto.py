@@ -172,7 +172,7 @@ def test_a_lucky_trial_is_corrected_in_the_steady_state(monkeypatch):
     stand_in = _OneRank()
     tuner = tuner_module.AutoTuner(ZeroConfig(auto=True, auto_probe_every=3), stand_in, stand_in)
     tuner.probe = ScriptedProbe([200])
-    two_hop = iter([1.0, 0.5] + [1.2] * 100)  # its trial's measured step is lucky
+    two_hop = iter([1.0, 1.0, 0.5] + [1.2] * 100)  # its (first) trial's measured step is lucky
     seconds = {"zero++": 0.9, "qwz+qgz": 1.0, "zero++-two-hop": None}
     for _ in range(40):
         tuner.before_step(FLATS)
@@ -181,3 +181,22 @@ def test_a_lucky_trial_is_corrected_in_the_steady_state(monkeypatch):
     first, *later = tuner.decisions
     assert first.choice == "zero++-two-hop" and tuner.choice == "zero++"
     assert later[-1].choice == "zero++" and tuner.measured["zero++-two-hop"].step_s == pytest.approx(1.2)
+
+
+def test_the_first_trial_is_measured_after_the_job_warmed_up(monkeypatch):
+    from zeropp.auto import tuner as tuner_module
+
+    clock = [0.0]
+    monkeypatch.setattr(tuner_module.time, "perf_counter", lambda: clock[0])
+    stand_in = _OneRank()
+    tuner = tuner_module.AutoTuner(ZeroConfig(auto=True, auto_probe_every=3), stand_in, stand_in)
+    tuner.probe = ScriptedProbe([200])
+    tried = []
+    for step in range(12):
+        tuner.before_step(FLATS)
+        tried.append(tuner.choice)
+        # The job's first two steps are slow whatever runs; then the first candidate tried is the fastest.
+        clock[0] += 3.0 if step < 2 else (0.8 if tuner.choice == tried[0] else 1.0)
+    assert tried[:3] == [tried[0]] * 3 and tried[3] != tried[0]
+    assert tuner.measured[tried[0]].step_s == pytest.approx(0.8)
+    assert tuner.decisions[0].choice == tried[0]

@@ -2,8 +2,9 @@
 when the network changes (docs/design.md section 11).
 
 At the first training step the tuner probes the links (:mod:`zeropp.auto.probe`). It then
-*tries* candidates for ``TRIAL_STEPS`` steps each, cheapest link first, and keeps a
-candidate's compute time (step minus the time blocked in collectives). A candidate is only
+*tries* candidates for ``TRIAL_STEPS`` steps each (the first one step more), cheapest link
+first, and keeps a candidate's compute time (step minus the time blocked in collectives).
+A candidate is only
 tried while it could still win: its step cannot be shorter than its link time, nor than
 ZeRO-3's compute once that is known (quantization only adds work). Then it runs the
 fastest. Every ``auto_probe_every`` steps the running candidate's median step replaces its
@@ -40,6 +41,10 @@ from .step_model import LinkSpeeds, link_time, step_seconds
 logger = logging.getLogger(__name__)
 
 TRIAL_STEPS = 2  # the first step after a switch builds caches; the second is measured
+# The job's first trial measures its third step: in the second the process is still warming
+# up (measured 4-80% slower than the same scheme's median on the emulated cluster), which
+# ruled out whichever candidate happened to be tried first.
+FIRST_TRIAL_STEPS = 3
 STEADY_WINDOW = 20  # steps of the running choice whose median stands for it
 WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
 REPLAN_FACTOR = 2.0
@@ -129,7 +134,7 @@ class AutoTuner:
 
     def _trial_step(self, elapsed: tuple[float, float]) -> None:
         self._times.append(elapsed)
-        if len(self._times) < TRIAL_STEPS:
+        if len(self._times) < (TRIAL_STEPS if self.measured else FIRST_TRIAL_STEPS):
             return
         step_s, waited_s = self._times[-1]
         self._record(step_s, step_s - waited_s)
