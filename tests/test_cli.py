@@ -324,3 +324,12 @@ def test_a_resumed_throughput_benchmark_measures_only_the_missing_runs(tmp_path,
     assert all(len(row[variant]) == 2 for row in report["runs"].values() for variant in row)
     assert report["provenance"] == {"git_commit": "first"} and "resumed_provenance" in report
     assert json.loads((tmp_path / "throughput.json").read_text())["runs"] == report["runs"]
+
+
+def test_replan_recovery_counts_medians_of_five_steps_not_one_noisy_step():
+    from zeropp_tools.bench.replan import steps_to_recover
+
+    before, after = [0.6] * 15, [1.9, 3.3, 2.1, 2.0, 2.1, 2.0, 2.0, 2.1, 2.4]  # best fixed 2.07 s: limit 2.3 s
+    assert steps_to_recover(before + after, 15, 2.07) == 0  # the one 3.3 s step is a median's outlier
+    assert steps_to_recover(before + [3.3] * 6 + [2.0] * 10, 15, 2.07) == 4
+    assert steps_to_recover(before + [2.0] * 5 + [3.0] * 5, 15, 2.07) is None  # fell back for good

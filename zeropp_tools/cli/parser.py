@@ -224,6 +224,7 @@ def _add_bench_replan(bench) -> None:
     replan.add_argument("--steps", type=positive_int, default=45, help="training steps of the auto-mode run")
     replan.add_argument("--fixed-steps", type=positive_int, default=12, help="training steps of each fixed variant")
     _add_cluster_run(replan, "runs/bench/replan")
+    replan.add_argument("--report-only", action="store_true", help="rebuild the report from the finished run in --out")
 
 
 def _add_bench_sweep(bench) -> None:
