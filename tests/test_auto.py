@@ -164,7 +164,8 @@ class _OneRank:
         return None  # one rank: its figures are the slowest
 
 
-def test_a_lucky_trial_is_corrected_in_the_steady_state(monkeypatch):
+def _tuner_on_a_clock(monkeypatch):
+    """A one-rank tuner at 200 Mbit/s whose clock the test advances: (tuner, [seconds])."""
     from zeropp.auto import tuner as tuner_module
 
     clock = [0.0]
@@ -172,6 +173,11 @@ def test_a_lucky_trial_is_corrected_in_the_steady_state(monkeypatch):
     stand_in = _OneRank()
     tuner = tuner_module.AutoTuner(ZeroConfig(auto=True, auto_probe_every=3), stand_in, stand_in)
     tuner.probe = ScriptedProbe([200])
+    return tuner, clock
+
+
+def test_a_lucky_trial_is_corrected_in_the_steady_state(monkeypatch):
+    tuner, clock = _tuner_on_a_clock(monkeypatch)
     two_hop = iter([1.0, 1.0, 0.5] + [1.2] * 100)  # its (first) trial's measured step is lucky
     seconds = {"zero++": 0.9, "qwz+qgz": 1.0, "zero++-two-hop": None}
     for _ in range(40):
@@ -184,13 +190,7 @@ def test_a_lucky_trial_is_corrected_in_the_steady_state(monkeypatch):
 
 
 def test_the_first_trial_is_measured_after_the_job_warmed_up(monkeypatch):
-    from zeropp.auto import tuner as tuner_module
-
-    clock = [0.0]
-    monkeypatch.setattr(tuner_module.time, "perf_counter", lambda: clock[0])
-    stand_in = _OneRank()
-    tuner = tuner_module.AutoTuner(ZeroConfig(auto=True, auto_probe_every=3), stand_in, stand_in)
-    tuner.probe = ScriptedProbe([200])
+    tuner, clock = _tuner_on_a_clock(monkeypatch)
     tried = []
     for step in range(12):
         tuner.before_step(FLATS)
