@@ -25,6 +25,10 @@ VARIANTS = {
     # INT8 / log-grid INT4 gradients.
     "log-grid": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--two-hop-gather", "--weight-bits", "12",
                  "--gradient-bits", "8,4", "--gradient-grid", "log"],
+    # The same numerics through the ring (INT12 for every shard, also this node's): 1.5x
+    # zero++'s bytes across nodes, none of the two-hop shape's exact intra-node hop.
+    "log-grid-ring": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--weight-bits", "12", "--gradient-bits", "8,4",
+                      "--gradient-grid", "log"],
     # Issue 17's setting: INT3 weight changes through the two-hop shape, log-grid gradients.
     "deltas": ["--weight-deltas", "--weight-delta-bits", "3", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
     # Between zero++ and deltas, to attribute what deltas costs where the link is fast.
