@@ -4,10 +4,9 @@ when the network changes (docs/design.md section 11).
 At the first training step the tuner probes the links (:mod:`zeropp.auto.probe`). It then
 *tries* candidates for ``TRIAL_STEPS`` steps each (the first one step more), cheapest link
 first, and keeps a candidate's compute time (step minus the time blocked in collectives).
-A candidate is only
-tried while it could still win: its step cannot be shorter than its link time, nor than
-ZeRO-3's compute once that is known (quantization only adds work). Then it runs the
-fastest. Every ``auto_probe_every`` steps the running candidate's median step replaces its
+A candidate is only tried while it could still win: its step cannot be shorter than its
+link time, nor than ZeRO-3's compute once that is known (quantization only adds work).
+Then it runs the fastest. Every ``auto_probe_every`` steps the running candidate's median step replaces its
 trial figure (one measured step can be lucky; another candidate 3% faster then takes
 over), and the inter-node link is probed; when the bandwidth moves by more than 2x it
 re-plans: the step model

@@ -7,8 +7,8 @@ One auto-mode run starts on links shaped to ``--from`` Mbit/s; once rank 0 has l
 runs). Beside it, in the same invocation, each fixed variant that could be best on the
 slow link trains at ``--to`` from the start. The figure: how many steps after the change
 auto mode runs at >= 90% of the best fixed variant's tokens/s, and stays there (medians of
-5 steps). Writes
-replan.json (with the git commit and the machine), replan.md and replan.png.
+5 steps). Writes replan.json (with the git commit and the machine), replan.md and
+replan.png.
 """
 
 from __future__ import annotations

@@ -216,9 +216,8 @@ def main(args) -> int:
         raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}, "
                          f"a variant of zeropp also with any of {list(SUFFIXES)} appended")
     out.mkdir(parents=True, exist_ok=True)
-    report = {"precision": {"compute_dtype": precision, "why": why}}
-    report |= run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out,
-                  args.repetitions, report)
+    report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out,
+                 args.repetitions, known={"precision": {"compute_dtype": precision, "why": why}})
     return _write_report(report, out)
 
 
