@@ -200,3 +200,18 @@ def test_the_first_trial_is_measured_after_the_job_warmed_up(monkeypatch):
     assert tried[:3] == [tried[0]] * 3 and tried[3] != tried[0]
     assert tuner.measured[tried[0]].step_s == pytest.approx(0.8)
     assert tuner.decisions[0].choice == tried[0]
+
+
+def test_a_close_call_is_decided_on_three_steps_of_each(monkeypatch):
+    tuner, clock = _tuner_on_a_clock(monkeypatch)
+    # The two-hop gather is the faster, but its first measured step is 3% slower than zero++'s.
+    two_hop = iter([1.0, 1.0, 0.98] + [0.8] * 100)
+    seconds = {"zero++": 0.95, "zero++-two-hop": None}
+    for _ in range(30):
+        tuner.before_step(FLATS)
+        step = seconds.get(tuner.choice, 2.0)
+        clock[0] += next(two_hop) if step is None else step
+    first = tuner.decisions[0]
+    assert first.choice == "zero++-two-hop" and tuner.choice == "zero++-two-hop"
+    assert tuner.measured["zero++"].samples == 3  # the two-hop gather's figure is now its steady median
+    assert tuner.measured["zero++-two-hop"].step_s == pytest.approx(0.8)

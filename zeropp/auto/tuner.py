@@ -6,6 +6,10 @@ At the first training step the tuner probes the links (:mod:`zeropp.auto.probe`)
 first, and keeps a candidate's compute time (step minus the time blocked in collectives).
 A candidate is only tried while it could still win: its step cannot be shorter than its
 link time, nor than ZeRO-3's compute once that is known (quantization only adds work).
+A close call is not decided on one step: while the two fastest measured are within 5% of
+each other and either has fewer than ``CONFIRM_SAMPLES`` measured steps, the one with fewer
+runs again (the running one first: it needs no warm-up step); a figure is the median of
+its steps.
 Then it runs the fastest. Every ``auto_probe_every`` steps the running candidate's median step replaces its
 trial figure (one measured step can be lucky; another candidate 3% faster then takes
 over), and the inter-node link is probed; when the bandwidth moves by more than 2x it
@@ -46,6 +50,11 @@ TRIAL_STEPS = 2  # the first step after a switch builds caches; the second is me
 FIRST_TRIAL_STEPS = 3
 STEADY_WINDOW = 20  # steps of the running choice whose median stands for it
 WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
+# One step of a shared machine moves by 5-10%: candidates measured within CLOSE of the best
+# are each measured on CONFIRM_SAMPLES steps before one is chosen. Being close, the extra
+# steps cost little.
+CLOSE = 1.05
+CONFIRM_SAMPLES = 3
 REPLAN_FACTOR = 2.0
 
 
@@ -75,9 +84,10 @@ class AutoState(enum.Enum):
 
 @dataclass(frozen=True)
 class Measurement:
-    step_s: float
-    compute_s: float  # step less the time blocked in collectives
+    step_s: float  # median of the measured steps
+    compute_s: float  # step less the time blocked in collectives (median)
     epoch: int  # which bandwidth (plan) it was measured under
+    samples: int = 1  # measured steps behind the figures
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,10 @@ class AutoTuner:
         self.measured: dict[str, Measurement] = {}
         self.decisions: list[Decision] = []
         self._epoch = self._steps_in_state = self._step = 0
+        self._warm_steps = FIRST_TRIAL_STEPS - 1  # steps of the running trial not measured
         self._times: list[tuple[float, float]] = []  # (step, blocked) seconds of this rank since the last switch
+        # (step, compute) seconds, the slowest rank's, of each trial step measured at this epoch
+        self._samples: dict[tuple[str, int], list[tuple[float, float]]] = {}
         self._clock: tuple[float, float] | None = None  # (time, total wait) at the step's start
 
     def applied_to(self, config: ZeroConfig) -> ZeroConfig:
@@ -132,11 +145,17 @@ class AutoTuner:
         self._next_trial_or_choose()
 
     def _trial_step(self, elapsed: tuple[float, float]) -> None:
+        """Every step after the warm-up ones is a sample; the plan then says whether this
+        trial goes on (a close call), another candidate is tried, or one is chosen."""
         self._times.append(elapsed)
-        if len(self._times) < (TRIAL_STEPS if self.measured else FIRST_TRIAL_STEPS):
+        if len(self._times) <= self._warm_steps:
             return
         step_s, waited_s = self._times[-1]
-        self._record(step_s, step_s - waited_s)
+        samples = self._samples.setdefault((self.choice, self._epoch), [])
+        samples.append(self._slowest_rank(step_s, step_s - waited_s))
+        self.measured[self.choice] = Measurement(statistics.median(step for step, _ in samples),
+                                                 statistics.median(compute for _, compute in samples),
+                                                 self._epoch, len(samples))
         self._next_trial_or_choose()
 
     def _steady_step(self, elapsed: tuple[float, float]) -> None:
@@ -149,8 +168,9 @@ class AutoTuner:
             return
         if len(self._times) > 1:  # the first step after a switch builds caches
             steps = self._times[1:]
-            self._record(statistics.median(step for step, _ in steps),
-                         statistics.median(step - waited for step, waited in steps))
+            figures = self._slowest_rank(statistics.median(step for step, _ in steps),
+                                         statistics.median(step - waited for step, waited in steps))
+            self.measured[self.choice] = Measurement(*figures, self._epoch, len(steps))
         links = self.probe.measure_inter_node(self.links.inter_node_bytes_per_s)
         ratio = links.inter_node_bytes_per_s / self.links.inter_node_bytes_per_s
         if max(ratio, 1 / ratio) > REPLAN_FACTOR:
@@ -163,7 +183,9 @@ class AutoTuner:
     # ----------------------------------------------------------------- planning
     def _next_trial_or_choose(self, keep_unless_faster_than: str | None = None) -> None:
         plan = plan_next(self.candidates, self.measured, self._epoch, Workload(self.flats, self.topology.layout,
-                                                                                self.config), self.links)
+                                                                                self.config), self.links, self.choice)
+        if plan.trial == self.choice:  # a close call: the running candidate is measured on
+            return  # its next step too (in the steady state every step is measured anyway)
         if plan.trial is not None:
             self._set(AutoState.TRIAL, plan.trial)
             return
@@ -182,6 +204,7 @@ class AutoTuner:
                         self.probe.latency_s * 1e3, reason)
 
     def _set(self, state: AutoState, name: str) -> None:
+        self._warm_steps = (TRIAL_STEPS if self.measured else FIRST_TRIAL_STEPS) - 1
         self.state, self.choice = state, name
         self._steps_in_state = 0
         self._times = []
@@ -194,11 +217,11 @@ class AutoTuner:
         started, waited = self._clock
         return time.perf_counter() - started, self.communicator.total_wait_seconds - waited
 
-    def _record(self, step_s: float, compute_s: float) -> None:
-        """The running choice's step and compute time, the slowest rank's."""
+    def _slowest_rank(self, step_s: float, compute_s: float) -> tuple[float, float]:
+        """(step, compute) seconds of the slowest rank: every rank then decides the same."""
         figures = torch.tensor([step_s, compute_s], dtype=torch.float64, device=self.topology.device)
         self.communicator.all_reduce_max(figures, self.topology.group("world"), PHASE)
-        self.measured[self.choice] = Measurement(figures[0].item(), figures[1].item(), self._epoch)
+        return figures[0].item(), figures[1].item()
 
 
 @dataclass(frozen=True)
@@ -222,14 +245,19 @@ class Plan:
 
 
 def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch: int, work: Workload,
-              links: LinkSpeeds) -> Plan:
-    """The next candidate to try, or the one to run. A candidate is tried when it might
-    beat the best known by more than 3%: first the cheapest bound (ZeRO-3 first among
-    equals), then ZeRO-3 if it is among them, then the cheapest bound again."""
+              links: LinkSpeeds, running: str | None = None) -> Plan:
+    """The next candidate to try, or the one to run. A close call (the two fastest
+    measured within 5%) goes first when the running candidate is in it: it measures
+    another step. Then a candidate is tried when it
+    might beat the best known by more than 3%: first the cheapest bound (ZeRO-3 first
+    among equals), then ZeRO-3 if it is among them, then the cheapest bound again."""
     estimates = {name: estimate(name, overrides, measured.get(name), epoch, work, links, measured.get("zero3"))
                  for name, overrides in choices.items()}
     known = {name: seconds for name, (seconds, how) in estimates.items() if how is not None}
     best = min(known.values(), default=math.inf)
+    unconfirmed = _unconfirmed_close_calls(measured, epoch, best)
+    if running in unconfirmed:
+        return Plan(running, None, estimates)
     untried = [(seconds, list(choices).index(name), name) for name, (seconds, how) in estimates.items()
                if how is None and seconds < WORTH_TRYING * best]
     if untried:
@@ -237,7 +265,21 @@ def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch:
         # bounds every other candidate's, which usually spares their trials.
         zero3_first = known and any(name == "zero3" for _, _, name in untried)
         return Plan("zero3" if zero3_first else min(untried)[2], None, estimates)
+    if unconfirmed:  # the other side of a close call is tried again
+        return Plan(min(unconfirmed, key=lambda name: (measured[name].samples, measured[name].step_s)), None,
+                    estimates)
     return Plan(None, min(known, key=known.get), estimates)
+
+
+def _unconfirmed_close_calls(measured: dict[str, Measurement], epoch: int, best: float) -> list[str]:
+    """Of the two fastest candidates measured at this bandwidth, those on fewer than
+    ``CONFIRM_SAMPLES`` steps when both are within ``CLOSE`` of the best. Only the top two:
+    where several are that close, any of them is within 5% of the best choice."""
+    top_two = sorted((measurement.step_s, name) for name, measurement in measured.items()
+                     if measurement.epoch == epoch)[:2]
+    if len(top_two) < 2 or top_two[1][0] > CLOSE * best:
+        return []
+    return [name for _, name in top_two if measured[name].samples < CONFIRM_SAMPLES]
 
 
 def estimate(name: str, overrides: dict, measurement: Measurement | None, epoch: int, work: Workload,
