@@ -151,6 +151,24 @@ class Topology:
                     self._groups[name] = Group(name, tuple(ranks), handle)
         return self._groups[name]
 
+    def side_group(self, of: str, purpose: str) -> Group:
+        """A second communicator over the ranks of this rank's ``of`` group ("intra_node" or
+        "inter_node"), for collectives launched when data arrives rather than at a fixed
+        point of the program: their order can differ between ranks relative to the main
+        group's, never among themselves. Collective on first use: every rank must ask."""
+        builders = {"intra_node": self.layout.intra_node_ranks, "inter_node": self.layout.inter_node_ranks}
+        if of not in builders:
+            raise ValueError(f"side groups exist for {sorted(builders)}, not {of!r}")
+        name = f"{of}:{purpose}"
+        if name not in self._groups:
+            count = self.num_nodes if of == "intra_node" else self.ranks_per_node
+            for index in range(count):
+                ranks = builders[of](index)
+                handle = dist.new_group(ranks, timeout=self._timeout)
+                if self.rank in ranks:
+                    self._groups[name] = Group(name, tuple(ranks), handle)
+        return self._groups[name]
+
     def group(self, name: str) -> Group:
         if name not in self._groups:
             raise ValueError(f"unknown group {name!r}; known: {sorted(self._groups)}")

@@ -53,6 +53,12 @@ class QgzReduction(GradientReduction):
         self._fast_dequantize = dequantizer(config.compile_quantization)
         self.residuals: dict[str, list] = {}  # unit label -> one residual [N, s] per chunk
         self.reductions_started = 0
+        # The inter-node hops start when their intra-node hop has arrived, which differs
+        # between ranks: a side group keeps them apart from the gathers on "inter_node" (the
+        # two-hop gather's, in backward without hpZ), whose order is the program's.
+        self.inter_group = None
+        if topology is not None and topology.num_nodes > 1:
+            self.inter_group = topology.side_group("inter_node", "qgz")
 
     def start(self, flat_grad, label: str = "") -> "QgzBucket":
         residuals = None
@@ -120,7 +126,7 @@ class QgzBucket:
         self.nodes, self.per_node = topology.num_nodes, topology.ranks_per_node
         self.world_size = topology.world_size
         self.intra = topology.group("intra_node")
-        self.inter = topology.group("inter_node")
+        self.inter = strategy.inter_group
         self.strategy = strategy
         self.comm = strategy.comm
         self.label = label
