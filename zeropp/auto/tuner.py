@@ -10,13 +10,13 @@ A close call is not decided on one step: while the two fastest measured are with
 each other and either has fewer than ``CONFIRM_SAMPLES`` measured steps, the one with fewer
 runs again (the running one first: it needs no warm-up step); a figure is the median of
 its steps.
-Then it runs the fastest. Every ``auto_probe_every`` steps the running candidate's median step replaces its
-trial figure (one measured step can be lucky; another candidate 3% faster then takes
-over), and the inter-node link is probed; when the bandwidth moves by more than 2x it
-re-plans: the step model
-(:mod:`zeropp.auto.step_model`) predicts every measured candidate at the new bandwidth
-from its compute time, candidates never measured are tried if they could win, and the
-fastest prediction runs.
+
+Then it runs the fastest. Every ``auto_probe_every`` steps the running candidate's median
+step replaces its trial figure (one measured step can be lucky; another candidate 3%
+faster then takes over), and the inter-node link is probed; when the bandwidth moves by
+more than 2x it re-plans: the step model (:mod:`zeropp.auto.step_model`) predicts every
+measured candidate at the new bandwidth from its compute time, candidates never measured
+are tried if they could win, and the fastest prediction runs.
 
 Every figure a decision uses is the slowest rank's (all-reduced), so every rank decides
 the same. Candidates change only which schemes are on; bits, grids, block size and chunks
@@ -248,9 +248,9 @@ def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch:
               links: LinkSpeeds, running: str | None = None) -> Plan:
     """The next candidate to try, or the one to run. A close call (the two fastest
     measured within 5%) goes first when the running candidate is in it: it measures
-    another step. Then a candidate is tried when it
-    might beat the best known by more than 3%: first the cheapest bound (ZeRO-3 first
-    among equals), then ZeRO-3 if it is among them, then the cheapest bound again."""
+    another step. Then a candidate is tried when it might beat the best known by more
+    than 3%: first the cheapest bound (ZeRO-3 first among equals), then ZeRO-3 if it is
+    among them, then the cheapest bound again. Then the other side of a close call."""
     estimates = {name: estimate(name, overrides, measured.get(name), epoch, work, links, measured.get("zero3"))
                  for name, overrides in choices.items()}
     known = {name: seconds for name, (seconds, how) in estimates.items() if how is not None}
