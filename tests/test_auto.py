@@ -215,3 +215,15 @@ def test_a_close_call_is_decided_on_three_steps_of_each(monkeypatch):
     assert first.choice == "zero++-two-hop" and tuner.choice == "zero++-two-hop"
     assert tuner.measured["zero++"].samples == 3  # the two-hop gather's figure is now its steady median
     assert tuner.measured["zero++-two-hop"].step_s == pytest.approx(0.8)
+
+
+def test_close_calls_are_settled_while_trying_not_in_the_steady_state():
+    # Every candidate measured on 3 steps but qwz+qgz, on one, 1% behind zero++.
+    seconds = {"zero3": 0.70, "hpz": 0.68, "qwz": 0.66, "qgz": 0.65, "qwz+qgz": 0.606, "zero++": 0.60,
+               "zero++-two-hop": 0.64}
+    measured = {name: Measurement(step, step - 0.1, 0, samples=1 if name == "qwz+qgz" else 3)
+                for name, step in seconds.items()}
+    trying = plan_next(CHOICES, measured, 0, WORK, _mbit(100_000), running="zero++")
+    assert trying.trial == "qwz+qgz"
+    steady = plan_next(CHOICES, measured, 0, WORK, _mbit(100_000), running="zero++", close_calls=False)
+    assert (steady.trial, steady.choice) == (None, "zero++")

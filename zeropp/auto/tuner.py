@@ -182,8 +182,13 @@ class AutoTuner:
 
     # ----------------------------------------------------------------- planning
     def _next_trial_or_choose(self, keep_unless_faster_than: str | None = None) -> None:
-        plan = plan_next(self.candidates, self.measured, self._epoch, Workload(self.flats, self.topology.layout,
-                                                                                self.config), self.links, self.choice)
+        # Close calls are settled while trying; in the steady state only a candidate known
+        # to be 3% faster takes over (re-trying near-equal ones there flip-flopped between
+        # them at 1 Gbit/s, a warm-up step per switch).
+        steady = keep_unless_faster_than is not None
+        plan = plan_next(self.candidates, self.measured, self._epoch,
+                         Workload(self.flats, self.topology.layout, self.config), self.links, self.choice,
+                         close_calls=not steady)
         if plan.trial == self.choice:  # a close call: the running candidate is measured on
             return  # its next step too (in the steady state every step is measured anyway)
         if plan.trial is not None:
@@ -245,17 +250,18 @@ class Plan:
 
 
 def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch: int, work: Workload,
-              links: LinkSpeeds, running: str | None = None) -> Plan:
+              links: LinkSpeeds, running: str | None = None, close_calls: bool = True) -> Plan:
     """The next candidate to try, or the one to run. A close call (the two fastest
     measured within 5%) goes first when the running candidate is in it: it measures
     another step. Then a candidate is tried when it might beat the best known by more
     than 3%: first the cheapest bound (ZeRO-3 first among equals), then ZeRO-3 if it is
-    among them, then the cheapest bound again. Then the other side of a close call."""
+    among them, then the cheapest bound again. Then the other side of a close call.
+    ``close_calls=False`` skips close calls (the steady state)."""
     estimates = {name: estimate(name, overrides, measured.get(name), epoch, work, links, measured.get("zero3"))
                  for name, overrides in choices.items()}
     known = {name: seconds for name, (seconds, how) in estimates.items() if how is not None}
     best = min(known.values(), default=math.inf)
-    unconfirmed = _unconfirmed_close_calls(measured, epoch, best)
+    unconfirmed = _unconfirmed_close_calls(measured, epoch, best) if close_calls else []
     if running in unconfirmed:
         return Plan(running, None, estimates)
     untried = [(seconds, list(choices).index(name), name) for name, (seconds, how) in estimates.items()
