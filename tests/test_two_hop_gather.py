@@ -142,22 +142,6 @@ def test_late_bits_switch_formats_at_the_given_step():
     assert steps[2]["reduce_scatter"] < 0.55 * steps[1]["reduce_scatter"]
 
 
-def train_with_order_checks(rank, world_size, config):
-    topology = Topology.from_environment(ranks_per_node=2)
-    tokens = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(rank))
-    torch.manual_seed(0)
-    model = ShardedModel(GPT(GPTConfig.preset("tiny", block_size=32)), topology, config, unit_classes=(Block,))
-    optimizer = ShardedOptimizer(model, lambda params: torch.optim.AdamW(params, lr=1e-3))
-    losses = []
-    for _ in range(6):
-        loss = model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 def test_backward_gathers_across_nodes_and_qgz_never_share_a_group_order():
     # Without hpZ the backward gathers cross nodes on "inter_node" at points the program
     # fixes, while qgZ launches its inter-node hops whenever their intra-node hop arrives:
@@ -165,5 +149,5 @@ def test_backward_gathers_across_nodes_and_qgz_never_share_a_group_order():
     # check compares every collective's fingerprint across the group before it runs.
     config = ZeroConfig(two_hop_weight_gather=True, quantized_weights=True, quantized_gradients=True,
                         gradient_chunks=4, quantization_block_size=BLOCK, debug_collective_order=True)
-    for losses in spawn_ranks(train_with_order_checks, 4, (config,)):
-        assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))
+    for (run,) in spawn_ranks(train_losses, 4, ([config],)):
+        assert len(run["losses"]) == 4 and all(torch.isfinite(torch.tensor(run["losses"])))
