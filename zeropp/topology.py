@@ -106,17 +106,8 @@ class Topology:
         rank = dist.get_rank()
         groups = {"world": Group("world", tuple(range(world_size)), dist.group.WORLD)}
         timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
-        # new_group is collective over the whole world: every rank creates every group.
-        for node in range(layout.num_nodes):
-            ranks = layout.intra_node_ranks(node)
-            handle = dist.new_group(ranks, timeout=timeout)
-            if rank in ranks:
-                groups["intra_node"] = Group("intra_node", tuple(ranks), handle)
-        for local_index in range(layout.ranks_per_node):
-            ranks = layout.inter_node_ranks(local_index)
-            handle = dist.new_group(ranks, timeout=timeout)
-            if rank in ranks:
-                groups["inter_node"] = Group("inter_node", tuple(ranks), handle)
+        groups["intra_node"] = _own_group("intra_node", _intra_node_partition(layout), rank, timeout)
+        groups["inter_node"] = _own_group("inter_node", _inter_node_partition(layout), rank, timeout)
         if device is None:  # the GPU when the process group can move CUDA tensors with NCCL
             on_gpu = torch.cuda.is_available() and "nccl" in str(dist.get_backend())
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu else "cpu"
@@ -156,17 +147,12 @@ class Topology:
         "inter_node"), for collectives launched when data arrives rather than at a fixed
         point of the program: their order can differ between ranks relative to the main
         group's, never among themselves. Collective on first use: every rank must ask."""
-        builders = {"intra_node": self.layout.intra_node_ranks, "inter_node": self.layout.inter_node_ranks}
-        if of not in builders:
-            raise ValueError(f"side groups exist for {sorted(builders)}, not {of!r}")
+        partitions = {"intra_node": _intra_node_partition, "inter_node": _inter_node_partition}
+        if of not in partitions:
+            raise ValueError(f"side groups exist for {sorted(partitions)}, not {of!r}")
         name = f"{of}:{purpose}"
         if name not in self._groups:
-            count = self.num_nodes if of == "intra_node" else self.ranks_per_node
-            for index in range(count):
-                ranks = builders[of](index)
-                handle = dist.new_group(ranks, timeout=self._timeout)
-                if self.rank in ranks:
-                    self._groups[name] = Group(name, tuple(ranks), handle)
+            self._groups[name] = _own_group(name, partitions[of](self.layout), self.rank, self._timeout)
         return self._groups[name]
 
     def group(self, name: str) -> Group:
@@ -199,3 +185,23 @@ class Topology:
             f"Topology(rank={self.rank}, world_size={self.world_size}, "
             f"num_nodes={self.num_nodes}, ranks_per_node={self.ranks_per_node}, device={self.device})"
         )
+
+
+def _intra_node_partition(layout: Layout) -> list[list[int]]:
+    return [layout.intra_node_ranks(node) for node in range(layout.num_nodes)]
+
+
+def _inter_node_partition(layout: Layout) -> list[list[int]]:
+    return [layout.inter_node_ranks(local_index) for local_index in range(layout.ranks_per_node)]
+
+
+def _own_group(name: str, partition: list[list[int]], rank: int, timeout) -> Group:
+    """Create one process group per rank list of ``partition``; return this rank's.
+    new_group is collective over the whole world: every rank creates every group."""
+    own = None
+    for ranks in partition:
+        handle = dist.new_group(ranks, timeout=timeout)
+        if rank in ranks:
+            own = Group(name, tuple(ranks), handle)
+    assert own is not None, (name, rank, partition)
+    return own

@@ -189,8 +189,8 @@ class AutoTuner:
         plan = plan_next(self.candidates, self.measured, self._epoch,
                          Workload(self.flats, self.topology.layout, self.config), self.links, self.choice,
                          close_calls=not steady)
-        if plan.trial == self.choice:  # a close call: the running candidate is measured on
-            return  # its next step too (in the steady state every step is measured anyway)
+        if plan.trial == self.choice:  # a close call: the running trial measures its next step too
+            return
         if plan.trial is not None:
             self._set(AutoState.TRIAL, plan.trial)
             return
