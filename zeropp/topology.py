@@ -135,11 +135,11 @@ class Topology:
         if name not in self._groups:
             # ZeroConfig.check_layout told the user already; here it is an invariant.
             assert hpz_size >= 1 and self.ranks_per_node % hpz_size == 0, (hpz_size, self.ranks_per_node)
-            for first in range(0, self.world_size, hpz_size):
-                ranks = list(range(first, first + hpz_size))
-                handle = dist.new_group(ranks, timeout=self._timeout) if hpz_size > 1 else None
-                if self.rank in ranks:
-                    self._groups[name] = Group(name, tuple(ranks), handle)
+            if hpz_size == 1:  # every rank its own secondary: nothing to communicate
+                self._groups[name] = Group(name, (self.rank,), None)
+            else:
+                partition = [list(range(first, first + hpz_size)) for first in range(0, self.world_size, hpz_size)]
+                self._groups[name] = _own_group(name, partition, self.rank, self._timeout)
         return self._groups[name]
 
     def side_group(self, of: str, purpose: str) -> Group:

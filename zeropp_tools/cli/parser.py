@@ -139,7 +139,7 @@ def _add_study(commands) -> None:
     convergence.add_argument("--layout", default="2x2", help="NODESxRANKS, for example 2x2 or 4x1")
     convergence.add_argument("--variants", default="all",
                              help="'all' (main variants at every seed, extras at the first) or a comma-separated "
-                                  "list of zero3, zero++, two-hop, log-grid, deltas (at every seed)")
+                                  "list of zero3, zero++, two-hop, log-grid, deltas, zero++-log-grid (at every seed)")
     convergence.add_argument("--precision", default="fp32", choices=("auto", *PRECISIONS),
                              help="compute dtype of every run; auto: bf16 where the CPU computes it natively, "
                                   "else fp32 (the stored small-model study is fp32)")
