@@ -286,12 +286,13 @@ def test_throughput_ratios_hold_auto_to_its_candidates_and_report_the_quality_se
 
     row = {"zero3": {"tokens_per_s": 100.0}, "zero++": {"tokens_per_s": 400.0}, "auto": {"tokens_per_s": 380.0},
            "zero++-two-hop+prefetch2": {"tokens_per_s": 500.0}, "log-grid+prefetch2": {"tokens_per_s": 360.0},
-           "fsdp2-hsdp": {"tokens_per_s": 200.0}}
+           "zero++-log-grid": {"tokens_per_s": 392.0}, "fsdp2-hsdp": {"tokens_per_s": 200.0}}
     entry = ratios({"200": row})["200"]
     assert entry["best_fixed"] == "zero++"  # prefetching is the user's choice, not a candidate of auto mode
     assert entry["auto_vs_best_fixed"] == pytest.approx(0.95)
     assert entry["slowest_fixed_vs_zero3"] == pytest.approx(1.0)  # zero3 is the slowest fixed variant here
     assert entry["log-grid+prefetch2_vs_zero++"] == pytest.approx(0.9)
+    assert entry["zero++-log-grid_vs_zero++"] == pytest.approx(0.98)
     assert entry["zero++_vs_best_fsdp2"] == pytest.approx(2.0)
 
 

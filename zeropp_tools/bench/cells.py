@@ -33,12 +33,17 @@ VARIANTS = {
     "deltas": ["--weight-deltas", "--weight-delta-bits", "3", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
     # Between zero++ and deltas, to attribute what deltas costs where the link is fast.
     "deltas-uniform-gradients": ["--weight-deltas", "--weight-delta-bits", "3", "--qgz"],
-    "zero++-log-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
+    # ZeRO++'s INT8 ring weights with the log grid's INT8 / log-INT4 gradients: the
+    # convergence study's zero++-log-grid, a best-quality candidate at zero++'s cost.
+    "zero++-log-grid": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
     "zero++-int8-intra-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "8,4"],
     "zero++-int4-log-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "4,4", "--gradient-grid", "log"],
 }
 """zeropp's variants as ``zeropp train`` flags; the names up to auto are auto mode's candidates'.
 Any of them may carry suffixes from ``SUFFIXES``, e.g. ``log-grid+prefetch2``."""
+QUALITY_SETTINGS = ("log-grid", "zero++-log-grid")
+"""The convergence study's lower-loss settings at ZeRO++'s bytes across nodes: the
+benchmark reports each one's tokens/s against zero++'s."""
 SUFFIXES = {
     "+compiled": ["--compile-quantization"],  # quantization kernels through torch.compile
     "+prefetch2": ["--prefetch-units", "2"],  # two units' gathers in flight

@@ -21,7 +21,8 @@ import statistics
 from pathlib import Path
 
 from zeropp.auto import candidates
-from zeropp_tools.bench.cells import PEERS, SUFFIXES, VARIANTS, base_variant, is_variant, measure, measure_peer
+from zeropp_tools.bench.cells import (PEERS, QUALITY_SETTINGS, SUFFIXES, VARIANTS, base_variant, is_variant, measure,
+                                      measure_peer)
 from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.plan import compare, comparison_markdown
@@ -148,8 +149,8 @@ def ratios(results: dict) -> dict:
                     entry[f"zero++_vs_best_{peer}"] = rate["zero++"] / max(peers)
             if "zero3" in rate:
                 entry["zero++_vs_zero3"] = rate["zero++"] / rate["zero3"]
-            for variant in rate:  # the best-quality setting at ZeRO++'s bytes: is it as fast?
-                if base_variant(variant) == "log-grid":
+            for variant in rate:  # a best-quality setting at ZeRO++'s bytes: is it as fast?
+                if base_variant(variant) in QUALITY_SETTINGS:
                     entry[f"{variant}_vs_zero++"] = rate[variant] / rate["zero++"]
             if "deltas" in rate:  # issue 17's setting against ZeRO++: speed, and what node 0's link carried
                 entry["deltas_vs_zero++"] = rate["deltas"] / rate["zero++"]
