@@ -56,5 +56,9 @@ bench-cluster: setup deepspeed-setup
 		--variants zero3,zero++,zero++-two-hop,auto,$(BENCH_PEERS) --out benchmarks/results/throughput/none_200
 	$(VENV)/bin/zeropp bench throughput --bandwidths none,1000,200,50 --repetitions 2 --steps 20 \
 		--variants zero3,zero++,zero++-two-hop,log-grid+prefetch2,auto --out benchmarks/results/throughput/auto
+	$(VENV)/bin/zeropp bench throughput --bandwidths none,1000 --repetitions 3 --steps 20 \
+		--variants zero3,zero++,zero++-log-grid --out benchmarks/results/throughput/quality_fast
+	$(VENV)/bin/zeropp bench throughput --bandwidths 200,50 --repetitions 3 --steps 20 \
+		--variants zero++,zero++-log-grid --out benchmarks/results/throughput/quality_slow
 	$(VENV)/bin/zeropp bench replan --out benchmarks/results/replan
 	$(VENV)/bin/zeropp bench sweep --repetitions 3 --out benchmarks/results/sweep
