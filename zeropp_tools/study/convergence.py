@@ -60,12 +60,12 @@ def _variants(steps: int, ranks_per_node: int = 2) -> tuple[dict[str, ZeroConfig
         # its own running scale, so what it needs is every value to within a fraction of its
         # size, which a uniform grid denies the small ones.
         LOG_GRID_NAME: ZeroConfig(**TWO_HOP, weight_bits=12, gradient_grid_inter_node="log"),
-        # Weights change little per step, and each node already holds last step's: send the
-        # change only, at 3 bits (what rounding drops is in the next change), with the log
-        # grid's gradients. Under half of ZeRO++'s bytes on 2 x 2 and 4 x 1.
         # The log grid's gradients with ZeRO++'s ring INT8 weights: if the gradients are
         # where ZeRO++ loses, this is the same quality at ZeRO++'s bytes and speed.
         ZERO_PP_LOG_GRID_NAME: ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8, gradient_grid_inter_node="log"),
+        # Weights change little per step, and each node already holds last step's: send the
+        # change only, at 3 bits (what rounding drops is in the next change), with the log
+        # grid's gradients. Under half of ZeRO++'s bytes on 2 x 2 and 4 x 1.
         DELTAS_NAME: ZeroConfig(weight_deltas=True, weight_delta_bits=3, quantized_gradients=True,
                                 gradient_bits_intra_node=8, gradient_grid_inter_node="log"),
     }
