@@ -9,14 +9,20 @@ link time, nor than ZeRO-3's compute once that is known (quantization only adds 
 A close call is not decided on one step: while the two fastest measured are within 5% of
 each other and either has fewer than ``CONFIRM_SAMPLES`` measured steps, the one with fewer
 runs again (the running one first: it needs no warm-up step); a figure is the median of
-its steps.
+its steps. Nor is any choice made on one step: the fastest keeps running as a trial until
+it has ``CONFIRM_SAMPLES`` measured steps (those steps run the candidate that would be
+chosen anyway, so they cost nothing unless it was lucky).
 
 Then it runs the fastest. Every ``auto_probe_every`` steps the running candidate's median
 step replaces its trial figure (one measured step can be lucky; another candidate 3%
-faster then takes over), and the inter-node link is probed; when the bandwidth moves by
-more than 2x it re-plans: the step model (:mod:`zeropp.auto.step_model`) predicts every
-measured candidate at the new bandwidth from its compute time, candidates never measured
-are tried if they could win, and the fastest prediction runs.
+faster is then tried again, and takes over once confirmed), and the inter-node link is
+probed. When the bandwidth moves by more than 2x, twice in a row (a second probe at once:
+one short probe can be an outlier), it re-plans: the step model
+(:mod:`zeropp.auto.step_model`) predicts every measured candidate at the new bandwidth,
+candidates never measured are tried if they could win, and the fastest prediction is tried
+until confirmed. A prediction keeps what the model did not explain at the old bandwidth
+(the measured step less the model's step, mostly time blocked on shared cores): without it
+every prediction undercut the measured running choice, and each took over in turn.
 
 Every figure a decision uses is the slowest rank's (all-reduced), so every rank decides
 the same. Candidates change only which schemes are on; bits, grids, block size and chunks
@@ -88,6 +94,13 @@ class Measurement:
     compute_s: float  # step less the time blocked in collectives (median)
     epoch: int  # which bandwidth (plan) it was measured under
     samples: int = 1  # measured steps behind the figures
+    link_s: float | None = None  # the candidate's link time at the bandwidth measured under
+
+    def unexplained_s(self, num_flats: int) -> float:
+        """The measured step less the step model's at the bandwidth it was measured under."""
+        if self.link_s is None:
+            return 0.0
+        return self.step_s - step_seconds(self.compute_s, self.link_s, num_flats)
 
 
 @dataclass(frozen=True)
@@ -155,7 +168,7 @@ class AutoTuner:
         samples.append(self._slowest_rank(step_s, step_s - waited_s))
         self.measured[self.choice] = Measurement(statistics.median(step for step, _ in samples),
                                                  statistics.median(compute for _, compute in samples),
-                                                 self._epoch, len(samples))
+                                                 self._epoch, len(samples), self._link_seconds(self.choice))
         self._next_trial_or_choose()
 
     def _steady_step(self, elapsed: tuple[float, float]) -> None:
@@ -170,15 +183,30 @@ class AutoTuner:
             steps = self._times[1:]
             figures = self._slowest_rank(statistics.median(step for step, _ in steps),
                                          statistics.median(step - waited for step, waited in steps))
-            self.measured[self.choice] = Measurement(*figures, self._epoch, len(steps))
-        links = self.probe.measure_inter_node(self.links.inter_node_bytes_per_s)
-        ratio = links.inter_node_bytes_per_s / self.links.inter_node_bytes_per_s
-        if max(ratio, 1 / ratio) > REPLAN_FACTOR:
+            self.measured[self.choice] = Measurement(*figures, self._epoch, len(steps),
+                                                     self._link_seconds(self.choice))
+            # The window's median stands for all its steps should this candidate be tried again.
+            self._samples[(self.choice, self._epoch)] = [figures] * len(steps)
+        links = self._changed_links()
+        if links is not None:
             logger.debug("auto: inter-node bandwidth %.0f -> %.0f Mbit/s", _mbit(self.links), _mbit(links))
             self.links, self._epoch = links, self._epoch + 1
             self._next_trial_or_choose()
         else:
             self._next_trial_or_choose(keep_unless_faster_than=self.choice)
+
+    def _changed_links(self) -> LinkSpeeds | None:
+        """The links now when two probes in a row find the inter-node bandwidth moved more
+        than ``REPLAN_FACTOR`` the same way; else None."""
+        expected = self.links.inter_node_bytes_per_s
+        probes = []
+        for _ in range(2):
+            probes.append(self.probe.measure_inter_node(probes[-1].inter_node_bytes_per_s if probes else expected))
+            ratio = probes[-1].inter_node_bytes_per_s / expected
+            if max(ratio, 1 / ratio) <= REPLAN_FACTOR:
+                return None
+        first, second = (probe.inter_node_bytes_per_s > expected for probe in probes)
+        return probes[-1] if first == second else None
 
     # ----------------------------------------------------------------- planning
     def _next_trial_or_choose(self, keep_unless_faster_than: str | None = None) -> None:
@@ -189,13 +217,13 @@ class AutoTuner:
         plan = plan_next(self.candidates, self.measured, self._epoch,
                          Workload(self.flats, self.topology.layout, self.config), self.links, self.choice,
                          close_calls=not steady)
-        if plan.trial == self.choice:  # a close call: the running trial measures its next step too
+        if plan.trial == self.choice:  # a close call or an unconfirmed lead: the running one measures on
+            return
+        current, leader = keep_unless_faster_than, plan.trial or plan.choice
+        if current is not None and plan.estimates[leader][0] >= WORTH_TRYING * plan.estimates[current][0]:
             return
         if plan.trial is not None:
             self._set(AutoState.TRIAL, plan.trial)
-            return
-        current = keep_unless_faster_than
-        if current is not None and plan.estimates[plan.choice][0] >= WORTH_TRYING * plan.estimates[current][0]:
             return
         self._decide(plan.choice, plan.reason)
 
@@ -213,6 +241,11 @@ class AutoTuner:
         self.state, self.choice = state, name
         self._steps_in_state = 0
         self._times = []
+
+    def _link_seconds(self, name: str) -> float:
+        work = Workload(self.flats, self.topology.layout, self.config)
+        return link_time(work.flats, work.layout, scheme(work.config, self.candidates[name]), self.links,
+                         _backend()).seconds
 
     # ----------------------------------------------------------------- timing
     def _read_clock(self) -> tuple[float, float]:
@@ -255,8 +288,9 @@ def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch:
     measured within 5%) goes first when the running candidate is in it: it measures
     another step. Then a candidate is tried when it might beat the best known by more
     than 3%: first the cheapest bound (ZeRO-3 first among equals), then ZeRO-3 if it is
-    among them, then the cheapest bound again. Then the other side of a close call.
-    ``close_calls=False`` skips close calls (the steady state)."""
+    among them, then the cheapest bound again. Then the other side of a close call. Then
+    the fastest, tried until measured on ``CONFIRM_SAMPLES`` steps at this bandwidth, or
+    run. ``close_calls=False`` skips close calls (the steady state)."""
     estimates = {name: estimate(name, overrides, measured.get(name), epoch, work, links, measured.get("zero3"))
                  for name, overrides in choices.items()}
     known = {name: seconds for name, (seconds, how) in estimates.items() if how is not None}
@@ -274,7 +308,14 @@ def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch:
     if unconfirmed:  # the other side of a close call is tried again
         return Plan(min(unconfirmed, key=lambda name: (measured[name].samples, measured[name].step_s)), None,
                     estimates)
-    return Plan(None, min(known, key=known.get), estimates)
+    leader = min(known, key=known.get)
+    if not _confirmed(measured[leader], epoch):  # predicted, or measured on too few steps
+        return Plan(leader, None, estimates)
+    return Plan(None, leader, estimates)
+
+
+def _confirmed(measurement: Measurement, epoch: int) -> bool:
+    return measurement.epoch == epoch and measurement.samples >= CONFIRM_SAMPLES
 
 
 def _unconfirmed_close_calls(measured: dict[str, Measurement], epoch: int, best: float) -> list[str]:
@@ -291,14 +332,16 @@ def _unconfirmed_close_calls(measured: dict[str, Measurement], epoch: int, best:
 def estimate(name: str, overrides: dict, measurement: Measurement | None, epoch: int, work: Workload,
              links: LinkSpeeds, zero3: Measurement | None) -> tuple[float, bool | None]:
     """(seconds, how known) of one candidate's step: measured at this bandwidth (True),
-    predicted from its compute time by the step model (False), or, never measured, a
-    lower bound (None): no faster than its link time, nor than ZeRO-3's compute."""
+    predicted by the step model from its compute time, plus what the model left
+    unexplained when it was measured (False), or, never measured, a lower bound (None): no
+    faster than its link time, nor than ZeRO-3's compute."""
     link = link_time(work.flats, work.layout, scheme(work.config, overrides), links, _backend()).seconds
     if measurement is None:
         return max(link, zero3.compute_s if zero3 else 0.0), None
     if measurement.epoch == epoch:
         return measurement.step_s, True
-    return step_seconds(measurement.compute_s, link, len(work.flats)), False
+    predicted = step_seconds(measurement.compute_s, link, len(work.flats)) + measurement.unexplained_s(len(work.flats))
+    return max(predicted, measurement.compute_s), False
 
 
 def scheme(config: ZeroConfig, overrides: dict[str, object]) -> ZeroConfig:
