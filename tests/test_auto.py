@@ -171,7 +171,7 @@ def test_probe_measures_every_link_and_is_accounted():
     assert all(result[0] == links for result in results)  # the slowest rank's figures, everywhere
     assert 0 < links.inter_node_bytes_per_s < math.inf and 0 < links.intra_node_bytes_per_s < math.inf
     assert links.latency_s > 0
-    # Three one-byte gathers and two sized ones across nodes, one inside: all accounted as "auto".
+    # Three one-byte gathers and four sized ones across nodes, one inside: all accounted as "auto".
     assert set(totals) == {"auto"} and totals["auto"]["received_inter_node"] > 256 * 1024 // 2
 
 
