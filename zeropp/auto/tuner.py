@@ -5,7 +5,8 @@ At the first training step the tuner probes the links (:mod:`zeropp.auto.probe`)
 *tries* candidates for ``TRIAL_STEPS`` steps each (the first one step more), cheapest link
 first, and keeps a candidate's compute time (step minus the time blocked in collectives).
 A candidate is only tried while it could still win: its step cannot be shorter than its
-link time, nor than ZeRO-3's compute once that is known (quantization only adds work).
+inter-node bytes take at the inter-node bandwidth, nor than ZeRO-3's compute once that is
+known (quantization only adds work).
 A close call is not decided on one step: while the two fastest measured are within 5% of
 each other and either has fewer than ``CONFIRM_SAMPLES`` measured steps, the one with fewer
 runs again (the running one first: it needs no warm-up step); a figure is the median of
@@ -334,13 +335,18 @@ def estimate(name: str, overrides: dict, measurement: Measurement | None, epoch:
     """(seconds, how known) of one candidate's step: measured at this bandwidth (True),
     predicted by the step model from its compute time, plus what the model left
     unexplained when it was measured (False), or, never measured, a lower bound (None): no
-    faster than its link time, nor than ZeRO-3's compute."""
-    link = link_time(work.flats, work.layout, scheme(work.config, overrides), links, _backend()).seconds
+    faster than its inter-node bytes at the inter-node bandwidth, nor than ZeRO-3's compute."""
+    link = link_time(work.flats, work.layout, scheme(work.config, overrides), links, _backend())
     if measurement is None:
-        return max(link, zero3.compute_s if zero3 else 0.0), None
+        # Only the inter-node bytes bound the step: the intra-node bandwidth and the latency
+        # are probed on the cores training shares and moved 2x between runs (latency 1.0-2.7
+        # ms), which put the two-hop gather's bound at 2.3 s where it ran 0.75 s steps at
+        # 200 Mbit/s, so it was never tried.
+        inter_node = link.inter_node_bytes / links.inter_node_bytes_per_s
+        return max(inter_node, zero3.compute_s if zero3 else 0.0), None
     if measurement.epoch == epoch:
         return measurement.step_s, True
-    predicted = step_seconds(measurement.compute_s, link, len(work.flats)) + measurement.unexplained_s(len(work.flats))
+    predicted = step_seconds(measurement.compute_s, link.seconds, len(work.flats)) + measurement.unexplained_s(len(work.flats))
     return max(predicted, measurement.compute_s), False
 
 
