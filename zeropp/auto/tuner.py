@@ -347,7 +347,8 @@ def estimate(name: str, overrides: dict, measurement: Measurement | None, epoch:
         return max(inter_node, zero3.compute_s if zero3 else 0.0), None
     if measurement.epoch == epoch:
         return measurement.step_s, True
-    predicted = step_seconds(measurement.compute_s, link.seconds, len(work.flats)) + measurement.unexplained_s(len(work.flats))
+    num_flats = len(work.flats)
+    predicted = step_seconds(measurement.compute_s, link.seconds, num_flats) + measurement.unexplained_s(num_flats)
     return max(predicted, measurement.compute_s), False
 
 
