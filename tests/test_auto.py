@@ -39,11 +39,13 @@ def test_a_candidate_that_cannot_win_is_never_tried():
     plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100_000))
     assert (plan.trial, plan.choice) == (None, "zero3")
     # On one measured step it is not chosen yet: it runs on as a trial.
+    # On one measured step it is not chosen yet, nor does its compute bound the others:
+    # running, it is measured again.
     one_step = {"zero3": Measurement(step_s=1.0, compute_s=0.98, epoch=0)}
-    assert plan_next(CHOICES, one_step, 0, WORK, _mbit(100_000)).trial == "zero3"
+    assert plan_next(CHOICES, one_step, 0, WORK, _mbit(100_000), running="zero3").trial == "zero3"
     # Blocked half the step: a quantized candidate whose link hides under ZeRO-3's compute
     # might win; it is tried.
-    measured = {"zero3": Measurement(step_s=1.0, compute_s=0.5, epoch=0)}
+    measured = {"zero3": Measurement(step_s=1.0, compute_s=0.5, epoch=0, samples=3)}
     plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100))
     assert plan.trial not in (None, "zero3") and plan.estimates[plan.trial] == (0.5, None)
 

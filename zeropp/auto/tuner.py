@@ -6,7 +6,7 @@ At the first training step the tuner probes the links (:mod:`zeropp.auto.probe`)
 first, and keeps a candidate's compute time (step minus the time blocked in collectives).
 A candidate is only tried while it could still win: its step cannot be shorter than its
 inter-node bytes take at the inter-node bandwidth, nor than ZeRO-3's compute once that is
-known (quantization only adds work).
+known from ``CONFIRM_SAMPLES`` steps (quantization only adds work).
 A close call is not decided on one step: while the two fastest measured are within 15% of
 each other and either has fewer than ``CONFIRM_SAMPLES`` measured steps, the one with fewer
 runs again (the running one first: it needs no warm-up step); a figure is the median of
@@ -300,6 +300,13 @@ def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch:
     unconfirmed = _unconfirmed_close_calls(measured, epoch, best) if close_calls else []
     if running in unconfirmed:
         return Plan(running, None, estimates)
+    zero3 = measured.get("zero3")
+    zero3_unconfirmed = zero3 is not None and zero3.epoch == epoch and zero3.samples < CONFIRM_SAMPLES
+    if close_calls and running == "zero3" and zero3_unconfirmed:
+        # ZeRO-3's compute bounds every other candidate, so it is measured on
+        # CONFIRM_SAMPLES steps: its second step after a switch took 1.4x its fixed runs'
+        # median at 1 Gbit/s and bounded zero++ out of the trials.
+        return Plan("zero3", None, estimates)
     untried = [(seconds, list(choices).index(name), name) for name, (seconds, how) in estimates.items()
                if how is None and seconds < WORTH_TRYING * best]
     if untried:
@@ -336,7 +343,8 @@ def estimate(name: str, overrides: dict, measurement: Measurement | None, epoch:
     """(seconds, how known) of one candidate's step: measured at this bandwidth (True),
     predicted by the step model from its compute time, plus what the model left
     unexplained when it was measured (False), or, never measured, a lower bound (None): no
-    faster than its inter-node bytes at the inter-node bandwidth, nor than ZeRO-3's compute."""
+    faster than its inter-node bytes at the inter-node bandwidth, nor than ZeRO-3's compute
+    once measured on ``CONFIRM_SAMPLES`` steps."""
     link = link_time(work.flats, work.layout, scheme(work.config, overrides), links, _backend())
     if measurement is None:
         # Only the inter-node bytes bound the step: the intra-node bandwidth and the latency
@@ -344,7 +352,8 @@ def estimate(name: str, overrides: dict, measurement: Measurement | None, epoch:
         # ms), which put the two-hop gather's bound at 2.3 s where it ran 0.75 s steps at
         # 200 Mbit/s, so it was never tried.
         inter_node = link.inter_node_bytes / links.inter_node_bytes_per_s
-        return max(inter_node, zero3.compute_s if zero3 else 0.0), None
+        confirmed_zero3 = zero3 is not None and zero3.samples >= CONFIRM_SAMPLES
+        return max(inter_node, zero3.compute_s if confirmed_zero3 else 0.0), None
     if measurement.epoch == epoch:
         return measurement.step_s, True
     num_flats = len(work.flats)
