@@ -38,7 +38,6 @@ def test_a_candidate_that_cannot_win_is_never_tried():
     measured = {"zero3": Measurement(step_s=1.0, compute_s=0.98, epoch=0, samples=3)}
     plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100_000))
     assert (plan.trial, plan.choice) == (None, "zero3")
-    # On one measured step it is not chosen yet: it runs on as a trial.
     # On one measured step it is not chosen yet, nor does its compute bound the others:
     # running, it is measured again.
     one_step = {"zero3": Measurement(step_s=1.0, compute_s=0.98, epoch=0)}

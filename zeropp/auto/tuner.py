@@ -245,9 +245,9 @@ class AutoTuner:
         self._times = []
 
     def _link_seconds(self, name: str) -> float:
-        work = Workload(self.flats, self.topology.layout, self.config)
-        return link_time(work.flats, work.layout, scheme(work.config, self.candidates[name]), self.links,
-                         _backend()).seconds
+        """Candidate ``name``'s link time at the links now (kept with its measurement)."""
+        config = scheme(self.config, self.candidates[name])
+        return link_time(self.flats, self.topology.layout, config, self.links, _backend()).seconds
 
     # ----------------------------------------------------------------- timing
     def _read_clock(self) -> tuple[float, float]:
