@@ -269,3 +269,15 @@ def test_close_calls_are_settled_while_trying_not_in_the_steady_state():
     assert trying.trial == "qwz+qgz"
     steady = plan_next(CHOICES, measured, 0, WORK, _mbit(100_000), running="zero++", close_calls=False)
     assert (steady.trial, steady.choice) == (None, "zero++")
+
+
+def test_a_close_call_waits_until_every_candidate_worth_trying_was_tried():
+    # zero++ (running) and qwz+qgz within 1% on one step each; the two-hop gather untried.
+    measured = {"zero3": Measurement(0.70, 0.40, 0, samples=3), "zero++": Measurement(0.60, 0.50, 0),
+                "qwz+qgz": Measurement(0.606, 0.50, 0)}
+    choices = {name: CHOICES[name] for name in ("zero3", "qwz+qgz", "zero++", "zero++-two-hop")}
+    first = plan_next(choices, measured, 0, WORK, _mbit(100_000), running="zero++")
+    assert first.trial == "zero++-two-hop"
+    measured["zero++-two-hop"] = Measurement(0.64, 0.55, 0)
+    then = plan_next(choices, measured, 0, WORK, _mbit(100_000), running="zero++-two-hop")
+    assert then.trial == "zero++"  # the close call, fewer steps first, then the faster

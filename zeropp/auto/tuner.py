@@ -7,10 +7,10 @@ first, and keeps a candidate's compute time (step minus the time blocked in coll
 A candidate is only tried while it could still win: its step cannot be shorter than its
 inter-node bytes take at the inter-node bandwidth, nor than ZeRO-3's compute once that is
 known from ``CONFIRM_SAMPLES`` steps (quantization only adds work).
-A close call is not decided on one step: while the two fastest measured are within 15% of
-each other and either has fewer than ``CONFIRM_SAMPLES`` measured steps, the one with fewer
-runs again (the running one first: it needs no warm-up step); a figure is the median of
-its steps. Nor is any choice made on one step: the fastest keeps running as a trial until
+A close call is not decided on one step: once every candidate worth trying has been
+tried, while the two fastest measured are within 15% of each other and either has fewer
+than ``CONFIRM_SAMPLES`` measured steps, the one with fewer runs again (the running one
+first: it needs no warm-up step); a figure is the median of its steps. Nor is any choice made on one step: the fastest keeps running as a trial until
 it has ``CONFIRM_SAMPLES`` measured steps (those steps run the candidate that would be
 chosen anyway, so they cost nothing unless it was lucky).
 
@@ -286,20 +286,17 @@ class Plan:
 
 def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch: int, work: Workload,
               links: LinkSpeeds, running: str | None = None, close_calls: bool = True) -> Plan:
-    """The next candidate to try, or the one to run. A close call (the two fastest
-    measured within 15%) goes first when the running candidate is in it: it measures
-    another step. Then a candidate is tried when it might beat the best known by more
-    than 3%: first the cheapest bound (ZeRO-3 first among equals), then ZeRO-3 if it is
-    among them, then the cheapest bound again. Then the other side of a close call. Then
+    """The next candidate to try, or the one to run. ZeRO-3, when running as a trial,
+    first measures ``CONFIRM_SAMPLES`` steps. Then a candidate is tried when it might beat
+    the best known by more than 3%: first the cheapest bound (ZeRO-3 first among equals),
+    then ZeRO-3 if it is among them, then the cheapest bound again. Then a close call (the
+    two fastest measured within 15%) measures more steps, the running side first. Then
     the fastest, tried until measured on ``CONFIRM_SAMPLES`` steps at this bandwidth, or
     run. ``close_calls=False`` skips close calls (the steady state)."""
     estimates = {name: estimate(name, overrides, measured.get(name), epoch, work, links, measured.get("zero3"))
                  for name, overrides in choices.items()}
     known = {name: seconds for name, (seconds, how) in estimates.items() if how is not None}
     best = min(known.values(), default=math.inf)
-    unconfirmed = _unconfirmed_close_calls(measured, epoch, best) if close_calls else []
-    if running in unconfirmed:
-        return Plan(running, None, estimates)
     zero3 = measured.get("zero3")
     zero3_unconfirmed = zero3 is not None and zero3.epoch == epoch and zero3.samples < CONFIRM_SAMPLES
     if close_calls and running == "zero3" and zero3_unconfirmed:
@@ -314,7 +311,12 @@ def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch:
         # bounds every other candidate's, which usually spares their trials.
         zero3_first = known and any(name == "zero3" for _, _, name in untried)
         return Plan("zero3" if zero3_first else min(untried)[2], None, estimates)
-    if unconfirmed:  # the other side of a close call is tried again
+    # Close calls are settled once every candidate worth trying has been tried: settled
+    # earlier, each candidate near the best ran CONFIRM_SAMPLES steps (all seven at 1 Gbit/s).
+    unconfirmed = _unconfirmed_close_calls(measured, epoch, best) if close_calls else []
+    if running in unconfirmed:  # it measures on without a warm-up step
+        return Plan(running, None, estimates)
+    if unconfirmed:
         return Plan(min(unconfirmed, key=lambda name: (measured[name].samples, measured[name].step_s)), None,
                     estimates)
     leader = min(known, key=known.get)
