@@ -15,9 +15,9 @@ it has ``CONFIRM_SAMPLES`` measured steps (those steps run the candidate that wo
 chosen anyway, so they cost nothing unless it was lucky).
 
 Then it runs the fastest. Every ``auto_probe_every`` steps the running candidate's median
-step replaces its trial figure (one measured step can be lucky; another candidate 3%
-faster is then tried again, and takes over once confirmed), and the inter-node link is
-probed. When the bandwidth moves by more than 2x, twice in a row (a second probe at once:
+step replaces its trial figure (one measured step can be lucky; another candidate 10%
+faster is then tried again, and takes over if still 10% faster once confirmed), and the
+inter-node link is probed. When the bandwidth moves by more than 2x, twice in a row (a second probe at once:
 one short probe can be an outlier), it re-plans: the step model
 (:mod:`zeropp.auto.step_model`) predicts every measured candidate at the new bandwidth,
 candidates never measured are tried if they could win, and the fastest prediction is tried
@@ -57,6 +57,11 @@ TRIAL_STEPS = 2  # the first step after a switch builds caches; the second is me
 FIRST_TRIAL_STEPS = 3
 STEADY_WINDOW = 20  # steps of the running choice whose median stands for it
 WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
+# In the steady state a challenger is tried again, and takes over, only when 10% faster than
+# the running choice: 20-step medians of one fixed scheme wander by up to +-10% over a run on
+# the emulated cluster (zero++ at 1 Gbit/s: 537-668 ms), and with 3% the running choice's
+# fresh median chased other candidates' earlier figures (five switches in one 100-step run).
+STEADY_MARGIN = 0.90
 # One step of a shared machine moves by 10-20% in a job's first steps (the fixed runs of the
 # emulated cluster, against their medians): candidates measured within CLOSE of the best
 # are each measured on CONFIRM_SAMPLES steps before one is chosen. Being close, the extra
@@ -130,6 +135,7 @@ class AutoTuner:
         # (step, compute) seconds, the slowest rank's, of each trial step measured at this epoch
         self._samples: dict[tuple[str, int], list[tuple[float, float]]] = {}
         self._clock: tuple[float, float] | None = None  # (time, total wait) at the step's start
+        self._incumbent: str | None = None  # the steady choice a challenger on trial must beat
 
     def applied_to(self, config: ZeroConfig) -> ZeroConfig:
         """``config`` with the chosen schemes: what the engine's strategies run."""
@@ -176,7 +182,7 @@ class AutoTuner:
     def _steady_step(self, elapsed: tuple[float, float]) -> None:
         """Every ``auto_probe_every`` steps: the running choice's median step replaces its
         trial figure (one step can be lucky), then the link is probed. A new bandwidth
-        re-plans; otherwise a candidate now known to be 3% faster takes over."""
+        re-plans; otherwise a candidate known to be 10% faster is tried again."""
         self._times = [*self._times, elapsed][-STEADY_WINDOW:]
         self._steps_in_state += 1
         if not self.probe.crosses_nodes or self._steps_in_state % self.config.auto_probe_every:
@@ -192,7 +198,7 @@ class AutoTuner:
         links = self._changed_links()
         if links is not None:
             logger.debug("auto: inter-node bandwidth %.0f -> %.0f Mbit/s", _mbit(self.links), _mbit(links))
-            self.links, self._epoch = links, self._epoch + 1
+            self.links, self._epoch, self._incumbent = links, self._epoch + 1, None
             self._next_trial_or_choose()
         else:
             self._next_trial_or_choose(keep_unless_faster_than=self.choice)
@@ -212,17 +218,24 @@ class AutoTuner:
 
     # ----------------------------------------------------------------- planning
     def _next_trial_or_choose(self, keep_unless_faster_than: str | None = None) -> None:
-        # Close calls are settled while trying; in the steady state only a candidate known
-        # to be 3% faster takes over (re-trying near-equal ones there flip-flopped between
-        # them at 1 Gbit/s, a warm-up step per switch).
+        # Close calls are settled while trying; in the steady state only a challenger
+        # STEADY_MARGIN faster is tried, and it takes over only if still that much faster
+        # once re-measured (else the incumbent runs on).
         steady = keep_unless_faster_than is not None
         plan = plan_next(self.candidates, self.measured, self._epoch,
                          Workload(self.flats, self.topology.layout, self.config), self.links, self.choice,
                          close_calls=not steady)
         if plan.trial == self.choice:  # a close call or an unconfirmed lead: the running one measures on
             return
-        current, leader = keep_unless_faster_than, plan.trial or plan.choice
-        if current is not None and plan.estimates[leader][0] >= WORTH_TRYING * plan.estimates[current][0]:
+        incumbent, leader = keep_unless_faster_than or self._incumbent, plan.trial or plan.choice
+        if incumbent is not None and plan.estimates[leader][0] >= STEADY_MARGIN * plan.estimates[incumbent][0]:
+            if not steady:  # the challenger, re-measured, is not enough faster
+                self._decide(incumbent, plan.reason)
+            return
+        if steady:  # the challenger is measured afresh: its earlier steps ran on a machine that wanders
+            self._samples.pop((leader, self._epoch), None)
+            self._incumbent = incumbent
+            self._set(AutoState.TRIAL, leader)
             return
         if plan.trial is not None:
             self._set(AutoState.TRIAL, plan.trial)
@@ -231,6 +244,7 @@ class AutoTuner:
 
     def _decide(self, name: str, reason: str) -> None:
         self._set(AutoState.STEADY, name)
+        self._incumbent = None
         mbit = _mbit(self.links) if self.links else math.inf
         self.decisions.append(Decision(self._step, name, mbit, reason))
         if self.topology.rank == 0:
