@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import replace
 from importlib.metadata import version
 
 import pytest
@@ -16,6 +17,8 @@ from zeropp_tools.cli import demo, training
 from zeropp_tools.cli.logs import OUR_LOGGERS, configure_logging
 from zeropp_tools.cli.main import main
 from zeropp_tools.cli.parser import build_parser, explicitly_given
+from zeropp_tools.cli.train_flags import scheme_flags
+from zeropp_tools.schemes import named_schemes
 
 
 @pytest.fixture(autouse=True)
@@ -267,10 +270,16 @@ def test_demo_report_and_plot_from_fake_summaries(tmp_path):
 
 
 @pytest.mark.parametrize("variant", sorted(BENCH_VARIANTS))
-def test_every_benchmark_variant_is_a_valid_training_configuration(variant):
-    flags = [flag.format(ranks_per_node=2) for flag in BENCH_VARIANTS[variant]]
-    zero, _ = training.zero_config(build_parser().parse_args(["train", *flags]), explicit=set())
-    assert zero.weight_deltas == variant.startswith("deltas")
+def test_every_benchmark_variant_trains_the_named_scheme(variant):
+    # The flags the bench passes set exactly the scheme's fields on top of the defaults.
+    defaults, _ = training.zero_config(build_parser().parse_args(["train"]), explicit=set())
+    zero, _ = training.zero_config(build_parser().parse_args(["train", *variant_arguments(variant, 2)]), explicit=set())
+    assert zero == replace(defaults, **named_schemes(2)[variant])
+
+
+def test_scheme_flags_name_a_field_without_a_flag():
+    with pytest.raises(ValueError, match="gradient_error_feedback"):
+        scheme_flags({"gradient_error_feedback": True})
 
 
 def test_a_compiled_benchmark_variant_adds_only_the_compile_flag():

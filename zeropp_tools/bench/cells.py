@@ -8,42 +8,16 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from zeropp_tools.cli.train_flags import scheme_flags
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.cluster.emulated import payload_bytes
 from zeropp_tools.cluster.runner import run_on_cluster
+from zeropp_tools.schemes import QUALITY_SETTINGS, named_schemes
 
-VARIANTS = {
-    "zero3": [],
-    "qwz": ["--qwz"],
-    "hpz": ["--hpz", "{ranks_per_node}"],
-    "qgz": ["--qgz"],
-    "qwz+qgz": ["--qwz", "--qgz"],
-    "zero++": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz"],
-    "zero++-two-hop": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--two-hop-gather"],
-    "auto": ["--auto"],
-    # The convergence study's best-quality setting at ZeRO++'s bytes: two-hop INT12 weights,
-    # INT8 / log-grid INT4 gradients.
-    "log-grid": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--two-hop-gather", "--weight-bits", "12",
-                 "--gradient-bits", "8,4", "--gradient-grid", "log"],
-    # The same numerics through the ring (INT12 for every shard, also this node's): 1.5x
-    # zero++'s bytes across nodes, none of the two-hop shape's exact intra-node hop.
-    "log-grid-ring": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--weight-bits", "12", "--gradient-bits", "8,4",
-                      "--gradient-grid", "log"],
-    # Issue 17's setting: INT3 weight changes through the two-hop shape, log-grid gradients.
-    "deltas": ["--weight-deltas", "--weight-delta-bits", "3", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
-    # Between zero++ and deltas, to attribute what deltas costs where the link is fast.
-    "deltas-uniform-gradients": ["--weight-deltas", "--weight-delta-bits", "3", "--qgz"],
-    # ZeRO++'s INT8 ring weights with the log grid's INT8 / log-INT4 gradients: the
-    # convergence study's zero++-log-grid, a best-quality candidate at zero++'s cost.
-    "zero++-log-grid": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "8,4", "--gradient-grid", "log"],
-    "zero++-int8-intra-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "8,4"],
-    "zero++-int4-log-gradients": ["--qwz", "--hpz", "{ranks_per_node}", "--qgz", "--gradient-bits", "4,4", "--gradient-grid", "log"],
-}
-"""zeropp's variants as ``zeropp train`` flags; the names up to auto are auto mode's candidates'.
-Any of them may carry suffixes from ``SUFFIXES``, e.g. ``log-grid+prefetch2``."""
-QUALITY_SETTINGS = ("log-grid", "zero++-log-grid")
-"""The convergence study's lower-loss settings at ZeRO++'s bytes across nodes: the
-benchmark reports each one's tokens/s against zero++'s."""
+VARIANTS = tuple(named_schemes(ranks_per_node=2))
+"""zeropp's variants, by their names in :mod:`zeropp_tools.schemes`; the names up to auto
+are auto mode's candidates'. Any of them may carry suffixes from ``SUFFIXES``, e.g.
+``log-grid+prefetch2``."""
 SUFFIXES = {
     "+compiled": ["--compile-quantization"],  # quantization kernels through torch.compile
     "+prefetch2": ["--prefetch-units", "2"],  # two units' gathers in flight
@@ -74,7 +48,7 @@ def is_variant(name: str) -> bool:
 def variant_arguments(name: str, ranks_per_node: int) -> list[str]:
     """The ``zeropp train`` flags of variant ``name``."""
     base, suffix_flags = _split_suffixes(name)
-    return [a.format(ranks_per_node=ranks_per_node) for a in VARIANTS[base]] + suffix_flags
+    return scheme_flags(named_schemes(ranks_per_node)[base]) + suffix_flags
 
 
 def _bandwidth(text: str) -> float | None:

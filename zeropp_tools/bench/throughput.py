@@ -21,11 +21,11 @@ import statistics
 from pathlib import Path
 
 from zeropp.auto import candidates
-from zeropp_tools.bench.cells import (PEERS, QUALITY_SETTINGS, SUFFIXES, VARIANTS, base_variant, is_variant, measure,
-                                      measure_peer)
+from zeropp_tools.bench.cells import PEERS, SUFFIXES, VARIANTS, base_variant, is_variant, measure, measure_peer
 from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.plan import compare, comparison_markdown
+from zeropp_tools.schemes import QUALITY_SETTINGS
 
 logger = logging.getLogger(__name__)
 

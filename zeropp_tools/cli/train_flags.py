@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
+
+from zeropp.config import ZeroConfig
 
 from .values import (
     BIT_WIDTHS, DELTA_BIT_WIDTHS, GRADIENT_GRIDS, GRADIENT_SCALE_DTYPES, MODEL_SIZES, PRECISIONS, gradient_bit_pair, non_negative_int,
@@ -23,6 +26,35 @@ def add_train_arguments(trainer: argparse.ArgumentParser) -> None:
     )
     _add_checkpoints(trainer.add_argument_group("checkpoints"))
     _add_launch(trainer.add_argument_group("launch and output"))
+
+
+# ZeroConfig field -> its flag in ``zeropp train`` (a bool is a switch); the gradient bits
+# are one flag for two fields.
+_SCHEME_FLAGS = {
+    "quantized_weights": "--qwz", "weight_bits": "--weight-bits", "two_hop_weight_gather": "--two-hop-gather",
+    "hpz_size": "--hpz", "quantized_gradients": "--qgz", "gradient_grid_inter_node": "--gradient-grid",
+    "weight_deltas": "--weight-deltas", "weight_delta_bits": "--weight-delta-bits", "auto": "--auto",
+    "compile_quantization": "--compile-quantization", "prefetch_units": "--prefetch-units",
+}
+_GRADIENT_BITS = ("gradient_bits_intra_node", "gradient_bits_inter_node")
+
+
+def scheme_flags(overrides: dict[str, object]) -> list[str]:
+    """The ``zeropp train`` flags that set ``overrides`` (ZeroConfig fields); fields left
+    at their defaults need none."""
+    default = {field.name: field.default for field in fields(ZeroConfig)}
+    unknown = sorted(set(overrides) - set(_SCHEME_FLAGS) - set(_GRADIENT_BITS))
+    if unknown:
+        raise ValueError(f"no zeropp train flag sets {unknown}; flags exist for {[*_SCHEME_FLAGS, *_GRADIENT_BITS]}")
+    flags: list[str] = []
+    for name, flag in _SCHEME_FLAGS.items():
+        value = overrides.get(name, default[name])
+        if value != default[name]:
+            flags += [flag] if isinstance(value, bool) else [flag, str(value)]
+    intra, inter = (overrides.get(name, default[name]) for name in _GRADIENT_BITS)
+    if (intra, inter) != tuple(default[name] for name in _GRADIENT_BITS):
+        flags += ["--gradient-bits", f"{intra},{inter}"]
+    return flags
 
 
 def _add_model_and_data(group) -> None:

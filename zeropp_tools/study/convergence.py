@@ -27,6 +27,7 @@ from zeropp_tools.plan import ClusterModel, gpt_work, predict
 from zeropp.train import TrainConfig, train
 from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.bench.comm import parse_layout
+from zeropp_tools.schemes import named_schemes
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +48,11 @@ RENAMED_FIELDS = {"hierarchical_weight_gather": "two_hop_weight_gather"}
 def _variants(steps: int, ranks_per_node: int = 2) -> tuple[dict[str, ZeroConfig], dict[str, ZeroConfig]]:
     """(main variants, run at every seed; extra variants, run at the first seed). hpZ spans
     the node."""
-    ZERO_PP = dict(quantized_weights=True, hpz_size=ranks_per_node, quantized_gradients=True)
-    TWO_HOP = dict(ZERO_PP, two_hop_weight_gather=True, gradient_bits_intra_node=8)
+    schemes = named_schemes(ranks_per_node)
+    ZERO_PP = schemes["zero++"]
+    TWO_HOP = dict(schemes["zero++-two-hop"], gradient_bits_intra_node=8)
     main = {
-        BASELINE: ZeroConfig(),
+        BASELINE: ZeroConfig(**schemes["zero3"]),
         ZERO_PP_NAME: ZeroConfig(**ZERO_PP),
         # The two-hop gather brings W - D shards over each node's link instead of the ring's
         # W - 1 (2 instead of 3 on 2 x 2) and this node's shards exact; the bytes it saves
@@ -59,15 +61,14 @@ def _variants(steps: int, ranks_per_node: int = 2) -> tuple[dict[str, ZeroConfig
         # The same 4 bits across nodes on a grid of powers of two: Adam divides each value by
         # its own running scale, so what it needs is every value to within a fraction of its
         # size, which a uniform grid denies the small ones.
-        LOG_GRID_NAME: ZeroConfig(**TWO_HOP, weight_bits=12, gradient_grid_inter_node="log"),
+        LOG_GRID_NAME: ZeroConfig(**schemes["log-grid"]),
         # The log grid's gradients with ZeRO++'s ring INT8 weights: if the gradients are
         # where ZeRO++ loses, this is the same quality at ZeRO++'s bytes and speed.
-        ZERO_PP_LOG_GRID_NAME: ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8, gradient_grid_inter_node="log"),
+        ZERO_PP_LOG_GRID_NAME: ZeroConfig(**schemes["zero++-log-grid"]),
         # Weights change little per step, and each node already holds last step's: send the
         # change only, at 3 bits (what rounding drops is in the next change), with the log
         # grid's gradients. Under half of ZeRO++'s bytes on 2 x 2 and 4 x 1.
-        DELTAS_NAME: ZeroConfig(weight_deltas=True, weight_delta_bits=3, quantized_gradients=True,
-                                gradient_bits_intra_node=8, gradient_grid_inter_node="log"),
+        DELTAS_NAME: ZeroConfig(**schemes["deltas"]),
     }
     extra = {
         # Deterministic rounding sends every gradient value under half a step to zero, so
@@ -76,7 +77,7 @@ def _variants(steps: int, ranks_per_node: int = 2) -> tuple[dict[str, ZeroConfig
         # next step.
         "ours + stochastic rounding": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_stochastic_rounding=True),
         "ours + error feedback": ZeroConfig(**TWO_HOP, weight_bits=12, gradient_error_feedback=True),
-        "zero++ with int8/int4 g": ZeroConfig(**ZERO_PP, gradient_bits_intra_node=8),
+        "zero++ with int8/int4 g": ZeroConfig(**schemes["zero++-int8-intra-gradients"]),
         # The same saving spent on the gradients (INT8 across nodes); on the gradients for
         # the first half of the run and on the weights for the second.
         "two-hop int8 w, int8/int8 g": ZeroConfig(**TWO_HOP, gradient_bits_inter_node=8),
