@@ -212,20 +212,24 @@ def test_a_lucky_trial_step_is_not_chosen(monkeypatch):
     assert tuner.measured["zero++-two-hop"].step_s == pytest.approx(1.2)
 
 
-def test_a_challenger_is_measured_again_before_it_takes_over(monkeypatch):
-    tuner, clock = _tuner_on_a_clock(monkeypatch)
-    # zero++ slows down once chosen; qwz+qgz's one measured step then leads by 15%, but it was lucky.
-    runs = {"zero++": 0, "qwz+qgz": 0}
-    for _ in range(40):
+def _run_changing_speeds(tuner, clock, speeds: dict[str, tuple[float, int, float]], steps: int) -> dict[str, int]:
+    """Trains ``steps`` steps where candidate ``name`` with ``speeds[name] = (first, runs,
+    then)`` takes ``first`` seconds for its first ``runs`` steps and ``then`` after (every
+    other candidate 2 s); returns the steps each candidate ran."""
+    runs: dict[str, int] = {}
+    for _ in range(steps):
         tuner.before_step(FLATS)
         name = tuner.choice
         runs[name] = runs.get(name, 0) + 1
-        if name == "zero++":
-            clock[0] += 0.9 if runs[name] <= 6 else 1.3
-        elif name == "qwz+qgz":
-            clock[0] += 1.1 if runs[name] <= 2 else 1.6
-        else:
-            clock[0] += 2.0
+        first, first_runs, then = speeds.get(name, (2.0, 0, 2.0))
+        clock[0] += first if runs[name] <= first_runs else then
+    return runs
+
+
+def test_a_challenger_is_measured_again_before_it_takes_over(monkeypatch):
+    tuner, clock = _tuner_on_a_clock(monkeypatch)
+    # zero++ slows down once chosen; qwz+qgz's one measured step then leads by 15%, but it was lucky.
+    _run_changing_speeds(tuner, clock, {"zero++": (0.9, 6, 1.3), "qwz+qgz": (1.1, 2, 1.6)}, steps=40)
     chosen = [decision.choice for decision in tuner.decisions]
     assert "qwz+qgz" not in chosen and chosen[-1] == "zero++" == tuner.choice
     assert tuner.measured["qwz+qgz"].step_s == pytest.approx(1.6)  # measured afresh
@@ -235,17 +239,7 @@ def test_a_challenger_not_ten_percent_faster_once_re_measured_does_not_take_over
     tuner, clock = _tuner_on_a_clock(monkeypatch)
     # zero++ wanders 15% slower once chosen; qwz+qgz, 12% faster on its earlier steps, then
     # re-measures only 5% faster.
-    runs = {}
-    for _ in range(60):
-        tuner.before_step(FLATS)
-        name = tuner.choice
-        runs[name] = runs.get(name, 0) + 1
-        if name == "zero++":
-            clock[0] += 0.85 if runs[name] <= 6 else 1.0
-        elif name == "qwz+qgz":
-            clock[0] += 0.88 if runs[name] <= 4 else 0.95
-        else:
-            clock[0] += 2.0
+    runs = _run_changing_speeds(tuner, clock, {"zero++": (0.85, 6, 1.0), "qwz+qgz": (0.88, 4, 0.95)}, steps=60)
     assert runs["qwz+qgz"] > 4  # tried again
     assert tuner.measured["qwz+qgz"].step_s == pytest.approx(0.95)
     assert [decision.choice for decision in tuner.decisions] == ["zero++", "zero++"] and tuner.choice == "zero++"
