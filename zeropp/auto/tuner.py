@@ -10,15 +10,16 @@ known from ``CONFIRM_SAMPLES`` steps (quantization only adds work).
 A close call is not decided on one step: once every candidate worth trying has been
 tried, while the two fastest measured are within 15% of each other and either has fewer
 than ``CONFIRM_SAMPLES`` measured steps, the one with fewer runs again (the running one
-first: it needs no warm-up step); a figure is the median of its steps. Nor is any choice made on one step: the fastest keeps running as a trial until
-it has ``CONFIRM_SAMPLES`` measured steps (those steps run the candidate that would be
-chosen anyway, so they cost nothing unless it was lucky).
+first: it needs no warm-up step); a figure is the median of its steps. Nor is any choice
+made on one step: the fastest keeps running as a trial until it has ``CONFIRM_SAMPLES``
+measured steps (those steps run the candidate that would be chosen anyway, so they cost
+nothing unless it was lucky).
 
 Then it runs the fastest. Every ``auto_probe_every`` steps the running candidate's median
 step replaces its trial figure (one measured step can be lucky; another candidate 10%
-faster is then tried again, and takes over if still 10% faster once confirmed), and the
-inter-node link is probed. When the bandwidth moves by more than 2x, twice in a row (a second probe at once:
-one short probe can be an outlier), it re-plans: the step model
+faster is then measured afresh, and takes over if still 10% faster once confirmed), and
+the inter-node link is probed. When the bandwidth moves by more than 2x, twice in a row
+(a second probe at once: one short probe can be an outlier), it re-plans: the step model
 (:mod:`zeropp.auto.step_model`) predicts every measured candidate at the new bandwidth,
 candidates never measured are tried if they could win, and the fastest prediction is tried
 until confirmed. A prediction keeps what the model did not explain at the old bandwidth
