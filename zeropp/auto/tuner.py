@@ -200,8 +200,6 @@ class AutoTuner:
                                          statistics.median(step - waited for step, waited in steps))
             self.measured[self.choice] = Measurement(*figures, self._epoch, len(steps),
                                                      self._link_seconds(self.choice))
-            # The window's median stands for all its steps should this candidate be tried again.
-            self._samples[(self.choice, self._epoch)] = [figures] * len(steps)
         links = self._changed_links()
         if links is not None:
             logger.debug("auto: inter-node bandwidth %.0f -> %.0f Mbit/s", _mbit(self.links), _mbit(links))
