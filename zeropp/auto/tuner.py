@@ -206,7 +206,7 @@ class AutoTuner:
             self.links, self._epoch, self._incumbent = links, self._epoch + 1, None
             self._next_trial_or_choose()
         else:
-            self._next_trial_or_choose(keep_unless_faster_than=self.choice)
+            self._next_trial_or_choose(steady=True)
 
     def _changed_links(self) -> LinkSpeeds | None:
         """The links now when two probes in a row find the inter-node bandwidth moved more
@@ -222,17 +222,16 @@ class AutoTuner:
         return probes[-1] if first == second else None
 
     # ----------------------------------------------------------------- planning
-    def _next_trial_or_choose(self, keep_unless_faster_than: str | None = None) -> None:
+    def _next_trial_or_choose(self, steady: bool = False) -> None:
         # Close calls are settled while trying; in the steady state only a challenger
         # STEADY_MARGIN faster is tried, and it takes over only if still that much faster
         # once re-measured (else the incumbent runs on).
-        steady = keep_unless_faster_than is not None
         plan = plan_next(self.candidates, self.measured, self._epoch,
                          Workload(self.flats, self.topology.layout, self.config), self.links, self.choice,
                          close_calls=not steady)
         if plan.trial == self.choice:  # a close call or an unconfirmed lead: the running one measures on
             return
-        incumbent, leader = keep_unless_faster_than or self._incumbent, plan.trial or plan.choice
+        incumbent, leader = self.choice if steady else self._incumbent, plan.trial or plan.choice
         if incumbent is not None and plan.estimates[leader][0] >= STEADY_MARGIN * plan.estimates[incumbent][0]:
             if not steady:  # the challenger, re-measured, is not enough faster
                 self._decide(incumbent, plan.reason)
