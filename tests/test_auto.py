@@ -11,7 +11,8 @@ from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
 from zeropp.accounting import FlatSummary
 from zeropp.auto import LinkSpeeds, candidates
 from zeropp.auto.step_model import link_time, step_seconds
-from zeropp.auto.tuner import Measurement, Workload, plan_next, scheme
+from zeropp.auto.candidates import scheme
+from zeropp.auto.planning import Measurement, Workload, plan_next
 from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
 from zeropp.topology import Layout
@@ -34,19 +35,28 @@ def test_slow_link_first_tries_the_cheapest_link_not_zero3():
 
 
 def test_a_candidate_that_cannot_win_is_never_tried():
-    # ZeRO-3 measured on a fast link, 2% of its step blocked: no candidate can be 3% faster.
+    # At 100 Mbit/s the two-hop gather measured 1 s; ZeRO-3's inter-node bytes alone take
+    # 2.2 s there, hpZ's and qwZ's 1.6 s: never tried. qwz+qgz's take 0.76 s: it might win.
+    measured = {"zero++-two-hop": Measurement(step_s=1.0, compute_s=0.6, epoch=0)}
+    plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100), running="zero++-two-hop")
+    assert plan.trial == "zero++"  # the cheapest bound of those that might win
+    measured["zero++"] = Measurement(step_s=1.2, compute_s=0.6, epoch=0)
+    plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100), running="zero++")
+    assert plan.trial == "qwz+qgz" and plan.estimates["qwz+qgz"][0] < 0.97
+    measured["qwz+qgz"] = Measurement(step_s=1.3, compute_s=0.6, epoch=0)
+    plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100), running="qwz+qgz")
+    assert plan.trial == "zero++-two-hop"  # to confirm: nothing else can beat it
+    for name in ("zero3", "hpz", "qwz", "qgz"):
+        assert plan.estimates[name][1] is None and plan.estimates[name][0] > 1.3
+
+
+def test_zero3_compute_does_not_bound_the_quantized_candidates():
+    # ZeRO-3 measured on a fast link, 2% of its step blocked. On shared cores a quantized
+    # candidate can still be faster (fewer bytes cost less CPU outside the blocked time):
+    # every candidate is tried before ZeRO-3 is chosen.
     measured = {"zero3": Measurement(step_s=1.0, compute_s=0.98, epoch=0, samples=3)}
-    plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100_000))
-    assert (plan.trial, plan.choice) == (None, "zero3")
-    # On one measured step it is not chosen yet, nor does its compute bound the others:
-    # running, it is measured again.
-    one_step = {"zero3": Measurement(step_s=1.0, compute_s=0.98, epoch=0)}
-    assert plan_next(CHOICES, one_step, 0, WORK, _mbit(100_000), running="zero3").trial == "zero3"
-    # Blocked half the step: a quantized candidate whose link hides under ZeRO-3's compute
-    # might win; it is tried.
-    measured = {"zero3": Measurement(step_s=1.0, compute_s=0.5, epoch=0, samples=3)}
-    plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100))
-    assert plan.trial not in (None, "zero3") and plan.estimates[plan.trial] == (0.5, None)
+    plan = plan_next(CHOICES, measured, 0, WORK, _mbit(100_000), running="zero3")
+    assert plan.trial == "zero++-two-hop" and plan.estimates["zero++"][0] < 0.01
 
 
 def test_replan_predicts_measured_candidates_at_the_new_bandwidth():

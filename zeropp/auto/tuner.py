@@ -5,8 +5,9 @@ At the first training step the tuner probes the links (:mod:`zeropp.auto.probe`)
 *tries* candidates for ``TRIAL_STEPS`` steps each (the first one step more), cheapest link
 first, and keeps a candidate's compute time (step minus the time blocked in collectives).
 A candidate is only tried while it could still win: its step cannot be shorter than its
-inter-node bytes take at the inter-node bandwidth, nor than ZeRO-3's compute once that is
-known from ``CONFIRM_SAMPLES`` steps (quantization only adds work).
+inter-node bytes take at the inter-node bandwidth. (ZeRO-3's compute is no bound on the
+quantized candidates on shared cores: moving 4x the bytes costs CPU time outside the time
+blocked, and zero++'s whole step measured shorter than ZeRO-3's compute at 1 Gbit/s.)
 A close call is not decided on one step: once every candidate worth trying has been
 tried, while the two fastest measured are within 15% of each other and either has fewer
 than ``CONFIRM_SAMPLES`` measured steps, the one with fewer runs again (the running one
@@ -38,16 +39,18 @@ import logging
 import math
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from ..accounting import FlatSummary
 from ..collectives import Communicator
 from ..config import ZeroConfig
-from ..topology import Layout, Topology
+from ..topology import Topology
+from .candidates import candidates, scheme
+from .planning import Measurement, Workload, current_backend, plan_next
 from .probe import PHASE, LinkProbe
-from .step_model import LinkSpeeds, link_time, step_seconds
+from .step_model import LinkSpeeds, link_time
 
 logger = logging.getLogger(__name__)
 
@@ -57,64 +60,17 @@ TRIAL_STEPS = 2  # the first step after a switch builds caches; the second is me
 # ruled out whichever candidate happened to be tried first.
 FIRST_TRIAL_STEPS = 3
 STEADY_WINDOW = 20  # steps of the running choice whose median stands for it
-WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
 # In the steady state a challenger is tried again, and takes over, only when 10% faster than
 # the running choice: 20-step medians of one fixed scheme wander by up to +-10% over a run on
 # the emulated cluster (zero++ at 1 Gbit/s: 537-668 ms), and with 3% the running choice's
 # fresh median chased other candidates' earlier figures (five switches in one 100-step run).
 STEADY_MARGIN = 0.90
-# One step of a shared machine moves by 10-20% in a job's first steps (the fixed runs of the
-# emulated cluster, against their medians): candidates measured within CLOSE of the best
-# are each measured on CONFIRM_SAMPLES steps before one is chosen. Being close, the extra
-# steps cost little.
-CLOSE = 1.15  # 1.05 chose zero++ over the two-hop gather, 906 ms to 996, where they run 830 and 760
-CONFIRM_SAMPLES = 3
 REPLAN_FACTOR = 2.0
-
-
-def candidates(ranks_per_node: int) -> dict[str, dict[str, object]]:
-    """The schemes auto mode chooses from, as config overrides, exact ZeRO-3 first."""
-    choices = candidate_schemes(ranks_per_node)
-    if ranks_per_node == 1:  # a node of one rank: no secondary to share, the two-hop gather is a ring
-        return {name: choices[name] for name in ("zero3", "qwz", "qgz", "qwz+qgz")}
-    return choices
-
-
-def candidate_schemes(ranks_per_node: int) -> dict[str, dict[str, object]]:
-    """All seven candidates as config overrides, also where a node of one rank makes some
-    of them equal (the benchmarks run them by name on any layout)."""
-    off = {"quantized_weights": False, "two_hop_weight_gather": False, "hpz_size": 1, "quantized_gradients": False}
-    hpz = {"hpz_size": ranks_per_node}
-    return {
-        "zero3": off,
-        "hpz": {**off, **hpz},
-        "qwz": {**off, "quantized_weights": True},
-        "qgz": {**off, "quantized_gradients": True},
-        "qwz+qgz": {**off, "quantized_weights": True, "quantized_gradients": True},
-        "zero++": {**off, "quantized_weights": True, "quantized_gradients": True, **hpz},
-        "zero++-two-hop": {**off, "quantized_weights": True, "quantized_gradients": True, "two_hop_weight_gather": True,
-                           **hpz},
-    }
 
 
 class AutoState(enum.Enum):
     TRIAL = "trial"  # running a candidate for a few steps to measure it
     STEADY = "steady"  # running the chosen candidate, probing the link now and then
-
-
-@dataclass(frozen=True)
-class Measurement:
-    step_s: float  # median of the measured steps
-    compute_s: float  # step less the time blocked in collectives (median)
-    epoch: int  # which bandwidth (plan) it was measured under
-    samples: int = 1  # measured steps behind the figures
-    link_s: float | None = None  # the candidate's link time at the bandwidth measured under
-
-    def unexplained_s(self, num_flats: int) -> float:
-        """The measured step less the step model's at the bandwidth it was measured under."""
-        if self.link_s is None:
-            return 0.0
-        return self.step_s - step_seconds(self.compute_s, self.link_s, num_flats)
 
 
 @dataclass(frozen=True)
@@ -265,7 +221,7 @@ class AutoTuner:
     def _link_seconds(self, name: str) -> float:
         """Candidate ``name``'s link time at the links now (kept with its measurement)."""
         config = scheme(self.config, self.candidates[name])
-        return link_time(self.flats, self.topology.layout, config, self.links, _backend()).seconds
+        return link_time(self.flats, self.topology.layout, config, self.links, current_backend()).seconds
 
     # ----------------------------------------------------------------- timing
     def _read_clock(self) -> tuple[float, float]:
@@ -282,113 +238,5 @@ class AutoTuner:
         return figures[0].item(), figures[1].item()
 
 
-@dataclass(frozen=True)
-class Workload:
-    flats: list[FlatSummary]
-    layout: Layout
-    config: ZeroConfig  # the user's; candidates override its scheme fields
-
-
-@dataclass(frozen=True)
-class Plan:
-    trial: str | None  # a candidate to measure next, or None: run ``choice``
-    choice: str | None
-    estimates: dict[str, tuple[float, bool | None]]
-
-    @property
-    def reason(self) -> str:
-        kinds = {True: "measured", False: "predicted", None: "at least"}
-        ranked = sorted(self.estimates.items(), key=lambda item: item[1][0])
-        return "step times: " + ", ".join(f"{name} {kinds[how]} {seconds * 1e3:,.0f} ms" for name, (seconds, how) in ranked)
-
-
-def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch: int, work: Workload,
-              links: LinkSpeeds, running: str | None = None, close_calls: bool = True) -> Plan:
-    """The next candidate to try, or the one to run. ZeRO-3, when running as a trial,
-    first measures ``CONFIRM_SAMPLES`` steps. Then a candidate is tried when it might beat
-    the best known by more than 3%: first the cheapest bound (ZeRO-3 first among equals),
-    then ZeRO-3 if it is among them, then the cheapest bound again. Then a close call (the
-    two fastest measured within 15%) measures more steps, the running side first. Then
-    the fastest, tried until measured on ``CONFIRM_SAMPLES`` steps at this bandwidth, or
-    run. ``close_calls=False`` skips close calls (the steady state)."""
-    estimates = {name: estimate(name, overrides, measured.get(name), epoch, work, links, measured.get("zero3"))
-                 for name, overrides in choices.items()}
-    known = {name: seconds for name, (seconds, how) in estimates.items() if how is not None}
-    best = min(known.values(), default=math.inf)
-    zero3 = measured.get("zero3")
-    zero3_unconfirmed = zero3 is not None and zero3.epoch == epoch and zero3.samples < CONFIRM_SAMPLES
-    if close_calls and running == "zero3" and zero3_unconfirmed:
-        # ZeRO-3's compute bounds every other candidate, so it is measured on
-        # CONFIRM_SAMPLES steps: its second step after a switch took 1.4x its fixed runs'
-        # median at 1 Gbit/s and bounded zero++ out of the trials.
-        return Plan("zero3", None, estimates)
-    untried = [(seconds, list(choices).index(name), name) for name, (seconds, how) in estimates.items()
-               if how is None and seconds < WORTH_TRYING * best]
-    if untried:
-        # Once anything is known, ZeRO-3 goes first when worth trying: its compute time
-        # bounds every other candidate's, which usually spares their trials.
-        zero3_first = known and any(name == "zero3" for _, _, name in untried)
-        return Plan("zero3" if zero3_first else min(untried)[2], None, estimates)
-    # Close calls are settled once every candidate worth trying has been tried: settled
-    # earlier, each candidate near the best ran CONFIRM_SAMPLES steps (all seven at 1 Gbit/s).
-    unconfirmed = _unconfirmed_close_calls(measured, epoch, best) if close_calls else []
-    if running in unconfirmed:  # it measures on without a warm-up step
-        return Plan(running, None, estimates)
-    if unconfirmed:
-        return Plan(min(unconfirmed, key=lambda name: (measured[name].samples, measured[name].step_s)), None,
-                    estimates)
-    leader = min(known, key=known.get)
-    if not _confirmed(measured[leader], epoch):  # predicted, or measured on too few steps
-        return Plan(leader, None, estimates)
-    return Plan(None, leader, estimates)
-
-
-def _confirmed(measurement: Measurement, epoch: int) -> bool:
-    return measurement.epoch == epoch and measurement.samples >= CONFIRM_SAMPLES
-
-
-def _unconfirmed_close_calls(measured: dict[str, Measurement], epoch: int, best: float) -> list[str]:
-    """Of the two fastest candidates measured at this bandwidth, those on fewer than
-    ``CONFIRM_SAMPLES`` steps when both are within ``CLOSE`` of the best. Only the top two:
-    the two that measured fastest are the likeliest to be the fastest."""
-    top_two = sorted((measurement.step_s, name) for name, measurement in measured.items()
-                     if measurement.epoch == epoch)[:2]
-    if len(top_two) < 2 or top_two[1][0] > CLOSE * best:
-        return []
-    return [name for _, name in top_two if measured[name].samples < CONFIRM_SAMPLES]
-
-
-def estimate(name: str, overrides: dict, measurement: Measurement | None, epoch: int, work: Workload,
-             links: LinkSpeeds, zero3: Measurement | None) -> tuple[float, bool | None]:
-    """(seconds, how known) of one candidate's step: measured at this bandwidth (True),
-    predicted by the step model from its compute time, plus what the model left
-    unexplained when it was measured (False), or, never measured, a lower bound (None): no
-    faster than its inter-node bytes at the inter-node bandwidth, nor than ZeRO-3's compute
-    once measured on ``CONFIRM_SAMPLES`` steps."""
-    link = link_time(work.flats, work.layout, scheme(work.config, overrides), links, _backend())
-    if measurement is None:
-        # Only the inter-node bytes bound the step: the intra-node bandwidth and the latency
-        # are probed on the cores training shares and moved 2x between runs (latency 1.0-2.7
-        # ms), which put the two-hop gather's bound at 2.3 s where it ran 0.75 s steps at
-        # 200 Mbit/s, so it was never tried.
-        inter_node = link.inter_node_bytes / links.inter_node_bytes_per_s
-        confirmed_zero3 = zero3 is not None and zero3.samples >= CONFIRM_SAMPLES
-        return max(inter_node, zero3.compute_s if confirmed_zero3 else 0.0), None
-    if measurement.epoch == epoch:
-        return measurement.step_s, True
-    num_flats = len(work.flats)
-    predicted = step_seconds(measurement.compute_s, link.seconds, num_flats) + measurement.unexplained_s(num_flats)
-    return max(predicted, measurement.compute_s), False
-
-
-def scheme(config: ZeroConfig, overrides: dict[str, object]) -> ZeroConfig:
-    """The fixed-scheme config a candidate runs (auto off: the choice is made)."""
-    return replace(config, auto=False, **overrides)
-
-
 def _mbit(links: LinkSpeeds) -> float:
     return links.inter_node_bytes_per_s * 8e-6
-
-
-def _backend() -> str:
-    return torch.distributed.get_backend() if torch.distributed.is_initialized() else "gloo"

@@ -1,0 +1,129 @@
+"""Auto mode's planning rule: from the candidates' measured step times and the links, the
+next candidate to try or the one to run (docs/design.md section 11). Pure functions of
+their arguments, so the rule is tested on given figures."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..accounting import FlatSummary
+from ..config import ZeroConfig
+from ..topology import Layout
+from .candidates import scheme
+from .step_model import LinkSpeeds, link_time, step_seconds
+
+WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
+# One step of a shared machine moves by 10-20% in a job's first steps (the fixed runs of the
+# emulated cluster, against their medians): candidates measured within CLOSE of the best
+# are each measured on CONFIRM_SAMPLES steps before one is chosen. Being close, the extra
+# steps cost little.
+CLOSE = 1.15  # 1.05 chose zero++ over the two-hop gather, 906 ms to 996, where they run 830 and 760
+CONFIRM_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Measurement:
+    step_s: float  # median of the measured steps
+    compute_s: float  # step less the time blocked in collectives (median)
+    epoch: int  # which bandwidth (plan) it was measured under
+    samples: int = 1  # measured steps behind the figures
+    link_s: float | None = None  # the candidate's link time at the bandwidth measured under
+
+    def unexplained_s(self, num_flats: int) -> float:
+        """The measured step less the step model's at the bandwidth it was measured under."""
+        if self.link_s is None:
+            return 0.0
+        return self.step_s - step_seconds(self.compute_s, self.link_s, num_flats)
+
+
+@dataclass(frozen=True)
+class Workload:
+    flats: list[FlatSummary]
+    layout: Layout
+    config: ZeroConfig  # the user's; candidates override its scheme fields
+
+
+@dataclass(frozen=True)
+class Plan:
+    trial: str | None  # a candidate to measure next, or None: run ``choice``
+    choice: str | None
+    estimates: dict[str, tuple[float, bool | None]]
+
+    @property
+    def reason(self) -> str:
+        kinds = {True: "measured", False: "predicted", None: "at least"}
+        ranked = sorted(self.estimates.items(), key=lambda item: item[1][0])
+        return "step times: " + ", ".join(f"{name} {kinds[how]} {seconds * 1e3:,.0f} ms" for name, (seconds, how) in ranked)
+
+
+def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch: int, work: Workload,
+              links: LinkSpeeds, running: str | None = None, close_calls: bool = True) -> Plan:
+    """The next candidate to try, or the one to run. A candidate is tried when it might
+    beat the best known by more than 3%, the cheapest bound first (ties in the order of
+    ``choices``). Then a close call (the two fastest measured within 15%) measures more
+    steps, the running side first. Then the fastest, tried until measured on
+    ``CONFIRM_SAMPLES`` steps at this bandwidth, or run. ``close_calls=False`` skips close
+    calls (the steady state)."""
+    estimates = {name: estimate(overrides, measured.get(name), epoch, work, links)
+                 for name, overrides in choices.items()}
+    known = {name: seconds for name, (seconds, how) in estimates.items() if how is not None}
+    best = min(known.values(), default=math.inf)
+    untried = [(seconds, list(choices).index(name), name) for name, (seconds, how) in estimates.items()
+               if how is None and seconds < WORTH_TRYING * best]
+    if untried:
+        return Plan(min(untried)[2], None, estimates)
+    # Close calls are settled once every candidate worth trying has been tried: settled
+    # earlier, each candidate near the best ran CONFIRM_SAMPLES steps (all seven at 1 Gbit/s).
+    unconfirmed = _unconfirmed_close_calls(measured, epoch, best) if close_calls else []
+    if running in unconfirmed:  # it measures on without a warm-up step
+        return Plan(running, None, estimates)
+    if unconfirmed:
+        return Plan(min(unconfirmed, key=lambda name: (measured[name].samples, measured[name].step_s)), None,
+                    estimates)
+    leader = min(known, key=known.get)
+    if not _confirmed(measured[leader], epoch):  # predicted, or measured on too few steps
+        return Plan(leader, None, estimates)
+    return Plan(None, leader, estimates)
+
+
+def _confirmed(measurement: Measurement, epoch: int) -> bool:
+    return measurement.epoch == epoch and measurement.samples >= CONFIRM_SAMPLES
+
+
+def _unconfirmed_close_calls(measured: dict[str, Measurement], epoch: int, best: float) -> list[str]:
+    """Of the two fastest candidates measured at this bandwidth, those on fewer than
+    ``CONFIRM_SAMPLES`` steps when both are within ``CLOSE`` of the best. Only the top two:
+    the two that measured fastest are the likeliest to be the fastest."""
+    top_two = sorted((measurement.step_s, name) for name, measurement in measured.items()
+                     if measurement.epoch == epoch)[:2]
+    if len(top_two) < 2 or top_two[1][0] > CLOSE * best:
+        return []
+    return [name for _, name in top_two if measured[name].samples < CONFIRM_SAMPLES]
+
+
+def estimate(overrides: dict, measurement: Measurement | None, epoch: int, work: Workload,
+             links: LinkSpeeds) -> tuple[float, bool | None]:
+    """(seconds, how known) of one candidate's step: measured at this bandwidth (True),
+    predicted by the step model from its compute time, plus what the model left
+    unexplained when it was measured (False), or, never measured, a lower bound (None): no
+    faster than its inter-node bytes at the inter-node bandwidth."""
+    link = link_time(work.flats, work.layout, scheme(work.config, overrides), links, current_backend())
+    if measurement is None:
+        # Only the inter-node bytes bound the step: the intra-node bandwidth and the latency
+        # are probed on the cores training shares and moved 2x between runs (latency 1.0-2.7
+        # ms), which put the two-hop gather's bound at 2.3 s where it ran 0.75 s steps at
+        # 200 Mbit/s, so it was never tried.
+        return link.inter_node_bytes / links.inter_node_bytes_per_s, None
+    if measurement.epoch == epoch:
+        return measurement.step_s, True
+    num_flats = len(work.flats)
+    predicted = step_seconds(measurement.compute_s, link.seconds, num_flats) + measurement.unexplained_s(num_flats)
+    return max(predicted, measurement.compute_s), False
+
+
+def current_backend() -> str:
+    """The process group's backend (a plain reduce-scatter moves other bytes on NCCL), gloo when none."""
+    return torch.distributed.get_backend() if torch.distributed.is_initialized() else "gloo"
