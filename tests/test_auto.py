@@ -141,10 +141,10 @@ def _train(rank, world_size, config: ZeroConfig, script: list[float] | None, ran
 
 
 def test_tuner_follows_a_link_that_changes_and_every_rank_agrees():
-    # 50 Mbit/s for the start and the first steady probe, then 100 Gbit/s.
+    # 50 Mbit/s for the start and the probes of the trials, then 100 Gbit/s.
     config = ZeroConfig(auto=True, auto_probe_every=2)
     # Room for the worst case: every candidate tried, with close calls, before and after.
-    results = spawn_ranks(_train, 4, (config, [50, 50, 50, 100_000], 2, 44))
+    results = spawn_ranks(_train, 4, (config, [50] * 16 + [100_000], 2, 60))
     assert all(result["choices"] == results[0]["choices"] for result in results)
     assert all(result["decisions"] == results[0]["decisions"] for result in results)
     first, *later = results[0]["decisions"]
@@ -220,6 +220,34 @@ def test_a_lucky_trial_step_is_not_chosen(monkeypatch):
         clock[0] += next(two_hop) if step is None else step
     assert [decision.choice for decision in tuner.decisions] == ["zero++"]
     assert tuner.measured["zero++-two-hop"].step_s == pytest.approx(1.2)
+
+
+class _LiveProbe(ScriptedProbe):
+    """A probe that finds whatever bandwidth ``mbit[0]`` says now."""
+
+    def __init__(self, mbit: list[float]) -> None:
+        super().__init__(mbit)
+        self.mbit = mbit  # the caller's list, which it changes
+
+    def measure_inter_node(self, expected_bytes_per_s: float) -> LinkSpeeds:
+        return _mbit(self.mbit[0])
+
+
+def test_a_link_that_changes_during_the_trials_is_found_there(monkeypatch):
+    tuner, clock = _tuner_on_a_clock(monkeypatch)
+    link = [200]
+    tuner.probe = _LiveProbe(link)
+    # At 200 Mbit/s zero++ is the fastest, at 50 the two-hop gather.
+    seconds = {200: {"zero++": 0.9, "zero++-two-hop": 1.0}, 50: {"zero++": 2.5, "zero++-two-hop": 1.5}}
+    for step in range(30):
+        tuner.before_step(FLATS)
+        if step == 5:  # while qwz+qgz, the third candidate, is on trial
+            link[0] = 50
+        clock[0] += seconds[link[0]].get(tuner.choice, 6.0 if link[0] == 50 else 2.0)
+    first = tuner.decisions[0]
+    assert (first.choice, first.inter_node_mbit) == ("zero++-two-hop", 50) and first.step <= 5 + 12
+    # zero++'s trial step fell after the last probe before the change: dropped, measured again.
+    assert tuner.measured["zero++"].step_s == pytest.approx(2.5) and tuner.measured["zero++"].epoch == 1
 
 
 def _run_changing_speeds(tuner, clock, speeds: dict[str, tuple[float, int, float]], steps: int) -> dict[str, int]:
