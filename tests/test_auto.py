@@ -123,12 +123,23 @@ class ScriptedProbe:
 STEPS = 24
 
 
+class _ProbeAfterDecision(ScriptedProbe):
+    """Finds ``mbit[0]`` until the tuner's first decision, then ``mbit[1]``."""
+
+    def __init__(self, mbit: list[float], tuner) -> None:
+        super().__init__(mbit)
+        self.tuner = tuner
+
+    def measure_inter_node(self, expected_bytes_per_s: float) -> LinkSpeeds:
+        return _mbit(self.script[1] if self.tuner.decisions else self.script[0])
+
+
 def _train(rank, world_size, config: ZeroConfig, script: list[float] | None, ranks_per_node: int, steps: int = STEPS):
     torch.manual_seed(0)
     topology = Topology.from_environment(ranks_per_node=ranks_per_node)
     model = ShardedModel(GPT(GPTConfig.preset("tiny")), topology, config, unit_classes=(Block,))
     if script is not None:
-        model.auto_tuner.probe = ScriptedProbe(script)
+        model.auto_tuner.probe = _ProbeAfterDecision(script, model.auto_tuner)
     optimizer = ShardedOptimizer(model, lambda params: torch.optim.AdamW(params, lr=3e-3))
     losses, choices = [], []
     for step in range(steps):
@@ -141,10 +152,11 @@ def _train(rank, world_size, config: ZeroConfig, script: list[float] | None, ran
 
 
 def test_tuner_follows_a_link_that_changes_and_every_rank_agrees():
-    # 50 Mbit/s for the start and the probes of the trials, then 100 Gbit/s.
+    # 50 Mbit/s until the first decision, then 100 Gbit/s. The steps do not change with it,
+    # so the steady state finds it at its 6th look, 12 steps on.
     config = ZeroConfig(auto=True, auto_probe_every=2)
     # Room for the worst case: every candidate tried, with close calls, before and after.
-    results = spawn_ranks(_train, 4, (config, [50] * 16 + [100_000], 2, 60))
+    results = spawn_ranks(_train, 4, (config, [50, 100_000], 2, 60))
     assert all(result["choices"] == results[0]["choices"] for result in results)
     assert all(result["decisions"] == results[0]["decisions"] for result in results)
     first, *later = results[0]["decisions"]
@@ -248,6 +260,32 @@ def test_a_link_that_changes_during_the_trials_is_found_there(monkeypatch):
     assert (first.choice, first.inter_node_mbit) == ("zero++-two-hop", 50) and first.step <= 5 + 12
     # zero++'s trial step fell after the last probe before the change: dropped, measured again.
     assert tuner.measured["zero++"].step_s == pytest.approx(2.5) and tuner.measured["zero++"].epoch == 1
+
+
+class _CountingProbe(ScriptedProbe):
+    def __init__(self, mbit: list[float]) -> None:
+        super().__init__(mbit)
+        self.at_steps: list[int] = []
+
+    def measure_inter_node(self, expected_bytes_per_s: float) -> LinkSpeeds:
+        self.at_steps.append(self.tuner._step)
+        return super().measure_inter_node(expected_bytes_per_s)
+
+
+def test_the_steady_state_probes_when_the_step_moves_or_after_six_quiet_looks(monkeypatch):
+    tuner, clock = _tuner_on_a_clock(monkeypatch)  # a look every 3 steps
+    tuner.probe = _CountingProbe([200])
+    tuner.probe.tuner = tuner
+    for step in range(70):
+        tuner.before_step(FLATS)
+        # The two-hop gather runs 1 s steps, 1.3 s from step 60 on (a move the link did not make).
+        clock[0] += (1.3 if step >= 60 else 1.0) if tuner.choice == "zero++-two-hop" else 2.0
+    decided = tuner.decisions[0].step
+    steady = [step for step in tuner.probe.at_steps if step > decided]
+    assert steady[0] == decided + 18  # none before the 6th look of 3 steps
+    moved = [step for step in steady if step > 60]
+    assert moved and moved[0] <= 60 + 2 + 3  # the first look once 2 of its last 3 steps were slower
+    assert [decision.choice for decision in tuner.decisions] == ["zero++-two-hop"]
 
 
 def _run_changing_speeds(tuner, clock, speeds: dict[str, tuple[float, int, float]], steps: int) -> dict[str, int]:
