@@ -12,7 +12,7 @@ from zeropp.accounting import FlatSummary
 from zeropp.auto import LinkSpeeds, candidates
 from zeropp.auto.step_model import link_time, step_seconds
 from zeropp.auto.candidates import scheme
-from zeropp.auto.planning import Measurement, Workload, plan_next
+from zeropp.auto.planning import CONFIRM_SAMPLES, Measurement, Workload, plan_next
 from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
 from zeropp.topology import Layout
@@ -286,6 +286,16 @@ def test_the_steady_state_probes_when_the_step_moves_or_after_six_quiet_looks(mo
     moved = [step for step in steady if step > 60]
     assert moved and moved[0] <= 60 + 2 + 3  # the first look once 2 of its last 3 steps were slower
     assert [decision.choice for decision in tuner.decisions] == ["zero++-two-hop"]
+
+
+def test_a_look_at_every_step_waits_for_a_measured_step(monkeypatch):
+    tuner, clock = _tuner_on_a_clock(monkeypatch)
+    tuner.config = ZeroConfig(auto=True, auto_probe_every=1)
+    for _ in range(30):
+        tuner.before_step(FLATS)
+        clock[0] += 1.0 if tuner.choice == "zero++" else 2.0
+    assert [decision.choice for decision in tuner.decisions] == ["zero++"]
+    assert tuner.measured["zero++"].samples > CONFIRM_SAMPLES  # the steady window's figure
 
 
 def _run_changing_speeds(tuner, clock, speeds: dict[str, tuple[float, int, float]], steps: int) -> dict[str, int]:

@@ -20,14 +20,15 @@ Then it runs the fastest. Every ``auto_probe_every`` steps the running candidate
 step replaces its trial figure (one measured step can be lucky; another candidate 10%
 faster is then measured afresh, and takes over if still 10% faster once confirmed). The
 inter-node link is probed then if the running choice's last steps moved, else at every
-sixth look; in the trials every ``auto_probe_every`` steps. When the bandwidth moves by more than 2x, twice in a row (a second probe at once: one
-short probe can be an outlier), it re-plans, dropping the trial steps measured since the
-probe before, which may have run on either link: the step model
-(:mod:`zeropp.auto.step_model`) predicts every measured candidate at the new bandwidth,
-candidates never measured are tried if they could win, and the fastest prediction is tried
-until confirmed. A prediction keeps what the model did not explain at the old bandwidth
-(the measured step less the model's step, mostly time blocked on shared cores): without it
-every prediction undercut the measured running choice, and each took over in turn.
+sixth look; in the trials every ``auto_probe_every`` steps. When the bandwidth moves by
+more than 2x, twice in a row (a second probe at once: one short probe can be an outlier),
+it re-plans, dropping the trial steps measured since the probe before, which may have run
+on either link: the step model (:mod:`zeropp.auto.step_model`) predicts every measured
+candidate at the new bandwidth, candidates never measured are tried if they could win, and
+the fastest prediction is tried until confirmed. A prediction keeps what the model did not
+explain at the old bandwidth (the measured step less the model's step, mostly time blocked
+on shared cores): without it every prediction undercut the measured running choice, and
+each took over in turn.
 
 Every figure a decision uses is the slowest rank's (all-reduced), so every rank decides
 the same. Candidates change only which schemes are on; bits, grids, block size and chunks
@@ -173,9 +174,10 @@ class AutoTuner:
         self._times = [*self._times, elapsed][-STEADY_WINDOW:]
         self._steps_in_state += 1
         every = self.config.auto_probe_every
-        if not self.probe.crosses_nodes or self._steps_in_state % every:
+        # Not before two steps: the first after a switch builds caches.
+        if not self.probe.crosses_nodes or self._steps_in_state % every or len(self._times) < 2:
             return
-        steps = self._times[1:]  # the first step after a switch builds caches
+        steps = self._times[1:]
         step_s, compute_s, recent_s = self._slowest_rank(
             statistics.median(step for step, _ in steps), statistics.median(step - waited for step, waited in steps),
             statistics.median(step for step, _ in steps[-RECENT_STEPS:]))
