@@ -140,12 +140,14 @@ class EmulatedCluster:
             if result.returncode != 0:
                 raise RuntimeError(f"latency needs the netem qdisc, which this kernel lacks ({result.stderr.strip()})")
         if spec.bandwidth_mbit is not None:
-            self._token_bucket(namespace, "add", spec.bandwidth_mbit)
+            self._token_bucket(namespace, spec.bandwidth_mbit)
 
-    def _token_bucket(self, namespace: str, action: str, mbit: float) -> None:
-        parent = ["parent", "1:1"] if self.spec.latency_ms else ["root"]
+    def _bucket_parent(self) -> list[str]:
+        return ["parent", "1:1"] if self.spec.latency_ms else ["root"]
+
+    def _token_bucket(self, namespace: str, mbit: float) -> None:
         burst = max(32_000, int(mbit * 1e6 / 8 / 250))  # >= one timer tick of data
-        _run("ip", "netns", "exec", namespace, "tc", "qdisc", action, "dev", "eth0", *parent, "tbf",
+        _run("ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0", *self._bucket_parent(), "tbf",
              "rate", f"{mbit}mbit", "burst", str(burst), "latency", "200ms")
 
     def set_bandwidth(self, mbit: float) -> None:
@@ -153,7 +155,13 @@ class EmulatedCluster:
         if self.spec.bandwidth_mbit is None:
             raise ValueError("set_bandwidth needs a cluster built with a bandwidth (its links have no shaper)")
         for namespace in self.nodes:
-            self._token_bucket(namespace, "change", mbit)
+            # Replaced, not changed: tbf splits a TCP segment larger than its burst when it is
+            # queued, so 64 KB segments queued under a fast link's burst (500 KB at 1 Gbit/s)
+            # can never leave under a slow link's (32 KB). With a probe's 6 MB queued at the
+            # change, `tc qdisc change` hung the job until gloo's 300 s timeout, twice.
+            # Deleted, the queued segments are dropped, and TCP resends them through the new one.
+            _run("ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev", "eth0", *self._bucket_parent())
+            self._token_bucket(namespace, mbit)
 
     def interface_bytes(self) -> list[dict[str, int]]:
         """Bytes each node's link sent and received so far (its eth0 counters), and the TCP
