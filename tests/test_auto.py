@@ -263,8 +263,11 @@ def test_a_link_that_changes_during_the_trials_is_found_there(monkeypatch):
 
 
 class _CountingProbe(ScriptedProbe):
-    def __init__(self, mbit: list[float]) -> None:
+    """Keeps the tuner's step index at each probe."""
+
+    def __init__(self, mbit: list[float], tuner) -> None:
         super().__init__(mbit)
+        self.tuner = tuner
         self.at_steps: list[int] = []
 
     def measure_inter_node(self, expected_bytes_per_s: float) -> LinkSpeeds:
@@ -274,8 +277,7 @@ class _CountingProbe(ScriptedProbe):
 
 def test_the_steady_state_probes_when_the_step_moves_or_after_six_quiet_looks(monkeypatch):
     tuner, clock = _tuner_on_a_clock(monkeypatch)  # a look every 3 steps
-    tuner.probe = _CountingProbe([200])
-    tuner.probe.tuner = tuner
+    tuner.probe = _CountingProbe([200], tuner)
     for step in range(70):
         tuner.before_step(FLATS)
         # The two-hop gather runs 1 s steps, 1.3 s from step 60 on (a move the link did not make).
