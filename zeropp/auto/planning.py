@@ -13,7 +13,7 @@ from ..accounting import FlatSummary
 from ..config import ZeroConfig
 from ..topology import Layout
 from .candidates import scheme
-from .step_model import LinkSpeeds, link_time, step_seconds
+from .step_model import LinkSpeeds, LinkTime, link_time, step_seconds
 
 WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
 # One step of a shared machine moves by 10-20% in a job's first steps (the fixed runs of the
@@ -110,7 +110,7 @@ def estimate(overrides: dict, measurement: Measurement | None, epoch: int, work:
     predicted by the step model from its compute time, plus what the model left
     unexplained when it was measured (False), or, never measured, a lower bound (None): no
     faster than its inter-node bytes at the inter-node bandwidth."""
-    link = link_time(work.flats, work.layout, scheme(work.config, overrides), links, current_backend())
+    link = candidate_link_time(work, overrides, links)
     if measurement is None:
         # Only the inter-node bytes bound the step: the intra-node bandwidth and the latency
         # are probed on the cores training shares and moved 2x between runs (latency 1.0-2.7
@@ -122,6 +122,11 @@ def estimate(overrides: dict, measurement: Measurement | None, epoch: int, work:
     num_flats = len(work.flats)
     predicted = step_seconds(measurement.compute_s, link.seconds, num_flats) + measurement.unexplained_s(num_flats)
     return max(predicted, measurement.compute_s), False
+
+
+def candidate_link_time(work: Workload, overrides: dict, links: LinkSpeeds) -> LinkTime:
+    """The step model's link time of the candidate ``overrides`` makes of the user's config."""
+    return link_time(work.flats, work.layout, scheme(work.config, overrides), links, current_backend())
 
 
 def current_backend() -> str:

@@ -51,9 +51,9 @@ from ..collectives import Communicator
 from ..config import ZeroConfig
 from ..topology import Topology
 from .candidates import candidates, scheme
-from .planning import Measurement, Workload, current_backend, plan_next
+from .planning import Measurement, Workload, candidate_link_time, plan_next
 from .probe import PHASE, LinkProbe
-from .step_model import LinkSpeeds, link_time
+from .step_model import LinkSpeeds
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +194,9 @@ class AutoTuner:
         self._next_trial_or_choose(steady=True)
 
     def _replan(self, links: LinkSpeeds) -> None:
-        """A new epoch at the new links. Trial steps since the last probe may have run on
-        either link: they are dropped, and a candidate left with none is untried again."""
+        """A new epoch at the new links. Trial steps measured since the probe before the one
+        that found the change may have run on either link: they are dropped, and a candidate
+        left with none is untried again."""
         logger.debug("auto: inter-node bandwidth %.0f -> %.0f Mbit/s", _mbit(self.links), _mbit(links))
         for (name, epoch), samples in self._samples.items():
             kept = [sample for sample in samples if sample[0] <= self._previous_probe]
@@ -228,8 +229,7 @@ class AutoTuner:
         # Close calls are settled while trying; in the steady state only a challenger
         # STEADY_MARGIN faster is tried, and it takes over only if still that much faster
         # once re-measured (else the incumbent runs on).
-        plan = plan_next(self.candidates, self.measured, self._epoch,
-                         Workload(self.flats, self.topology.layout, self.config), self.links, self.choice,
+        plan = plan_next(self.candidates, self.measured, self._epoch, self._workload(), self.links, self.choice,
                          close_calls=not steady)
         if plan.trial == self.choice:  # a close call or an unconfirmed lead: the running one measures on
             return
@@ -266,8 +266,10 @@ class AutoTuner:
 
     def _link_seconds(self, name: str) -> float:
         """Candidate ``name``'s link time at the links now (kept with its measurement)."""
-        config = scheme(self.config, self.candidates[name])
-        return link_time(self.flats, self.topology.layout, config, self.links, current_backend()).seconds
+        return candidate_link_time(self._workload(), self.candidates[name], self.links).seconds
+
+    def _workload(self) -> Workload:
+        return Workload(self.flats, self.topology.layout, self.config)
 
     # ----------------------------------------------------------------- timing
     def _read_clock(self) -> tuple[float, float]:
