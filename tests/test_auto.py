@@ -13,6 +13,7 @@ from zeropp.auto import LinkSpeeds, candidates
 from zeropp.auto.step_model import link_time, step_seconds
 from zeropp.auto.candidates import scheme
 from zeropp.auto.planning import CONFIRM_SAMPLES, Measurement, Workload, plan_next
+from zeropp.auto.tuner import AutoState
 from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
 from zeropp.topology import Layout
@@ -331,6 +332,18 @@ def test_a_challenger_not_ten_percent_faster_once_re_measured_does_not_take_over
     assert runs["qwz+qgz"] > 4  # tried again
     assert tuner.measured["qwz+qgz"].step_s == pytest.approx(0.95)
     assert [decision.choice for decision in tuner.decisions] == ["zero++", "zero++"] and tuner.choice == "zero++"
+
+
+def test_a_first_trial_of_the_candidate_the_tuner_starts_on_starts(monkeypatch):
+    tuner, clock = _tuner_on_a_clock(monkeypatch)
+    tuner.candidates = {"zero3": CHOICES["zero3"]}  # the one it starts on
+    tuner.probe = _CountingProbe([200], tuner)
+    for _ in range(10):
+        tuner.before_step(FLATS)
+        clock[0] += 1.0
+    # A tuner stuck at its start would probe the links at every step.
+    assert tuner.state is AutoState.STEADY and [decision.choice for decision in tuner.decisions] == ["zero3"]
+    assert tuner.probe.at_steps == [0, 3]  # the start, then the trial every 3 steps
 
 
 def test_the_first_trial_is_measured_after_the_job_warmed_up(monkeypatch):

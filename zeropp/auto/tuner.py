@@ -231,7 +231,9 @@ class AutoTuner:
         # once re-measured (else the incumbent runs on).
         plan = plan_next(self.candidates, self.measured, self._epoch, self._workload(), self.links, self.choice,
                          close_calls=not steady)
-        if plan.trial == self.choice:  # a close call or an unconfirmed lead: the running one measures on
+        # A close call or an unconfirmed lead: the running one measures on. (At the start
+        # nothing has run: a first trial of the candidate the tuner starts on still starts.)
+        if plan.trial == self.choice and self.state is not None:
             return
         incumbent, leader = self.choice if steady else self._incumbent, plan.trial or plan.choice
         if incumbent is not None and plan.estimates[leader][0] >= STEADY_MARGIN * plan.estimates[incumbent][0]:
