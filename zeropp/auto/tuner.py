@@ -8,11 +8,12 @@ A candidate is only tried while it could still win: its step cannot be shorter t
 inter-node bytes take at the inter-node bandwidth. (ZeRO-3's compute is no bound on the
 quantized candidates on shared cores: moving 4x the bytes costs CPU time outside the time
 blocked, and zero++'s whole step measured shorter than ZeRO-3's compute at 1 Gbit/s.)
-A close call is not decided on one step: once every candidate worth trying has been
-tried, while the two fastest measured are within 15% of each other and either has fewer
-than ``CONFIRM_SAMPLES`` measured steps, the one with fewer runs again (the running one
-first: it needs no warm-up step); a figure is the median of its steps. Nor is any choice
-made on one step: the fastest keeps running as a trial until it has ``CONFIRM_SAMPLES``
+Nor is a candidate ruled out, or a close call decided, on one step: once every candidate
+worth trying has been tried, each measured on one step within 25% of the best gets a
+second look (a step on shared cores can run 24% slow), and while the two fastest measured
+are within 15% of each other and either has fewer than ``CONFIRM_SAMPLES`` measured steps,
+the one with fewer runs again (the running one first: it needs no warm-up step); a figure
+is the median of its steps. Nor is any choice made on one step: the fastest keeps running as a trial until it has ``CONFIRM_SAMPLES``
 measured steps (those steps run the candidate that would be chosen anyway, so they cost
 nothing unless it was lucky).
 
