@@ -82,13 +82,13 @@ def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch:
                if how is None and seconds < WORTH_TRYING * best]
     if untried:
         return Plan(min(untried)[2], None, estimates)
-    # Close calls are settled once every candidate worth trying has been tried: settled
-    # earlier, each candidate near the best ran CONFIRM_SAMPLES steps (all seven at 1 Gbit/s).
-    unconfirmed = _unsettled(measured, epoch, best) if close_calls else []
-    if running in unconfirmed:  # it measures on without a warm-up step
+    # Second looks and close calls wait until every candidate worth trying has been tried:
+    # settled earlier, each candidate near the best ran CONFIRM_SAMPLES steps (all seven at 1 Gbit/s).
+    unsettled = _unsettled(measured, epoch, best) if close_calls else []
+    if running in unsettled:  # it measures on without a warm-up step
         return Plan(running, None, estimates)
-    if unconfirmed:
-        return Plan(min(unconfirmed, key=lambda name: (measured[name].samples, measured[name].step_s)), None,
+    if unsettled:
+        return Plan(min(unsettled, key=lambda name: (measured[name].samples, measured[name].step_s)), None,
                     estimates)
     leader = min(known, key=known.get)
     if not _confirmed(measured[leader], epoch):  # predicted, or measured on too few steps

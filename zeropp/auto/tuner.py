@@ -13,9 +13,9 @@ worth trying has been tried, each measured on one step within 25% of the best ge
 second look (a step on shared cores can run 24% slow), and while the two fastest measured
 are within 15% of each other and either has fewer than ``CONFIRM_SAMPLES`` measured steps,
 the one with fewer runs again (the running one first: it needs no warm-up step); a figure
-is the median of its steps. Nor is any choice made on one step: the fastest keeps running as a trial until it has ``CONFIRM_SAMPLES``
-measured steps (those steps run the candidate that would be chosen anyway, so they cost
-nothing unless it was lucky).
+is the median of its steps. Nor is any choice made on one step: the fastest keeps running
+as a trial until it has ``CONFIRM_SAMPLES`` measured steps (those steps run the candidate
+that would be chosen anyway, so they cost nothing unless it was lucky).
 
 Then it runs the fastest. Every ``auto_probe_every`` steps the running candidate's median
 step replaces its trial figure (one measured step can be lucky; another candidate 10%
@@ -232,8 +232,9 @@ class AutoTuner:
         # once re-measured (else the incumbent runs on).
         plan = plan_next(self.candidates, self.measured, self._epoch, self._workload(), self.links, self.choice,
                          close_calls=not steady)
-        # A close call or an unconfirmed lead: the running one measures on. (At the start
-        # nothing has run: a first trial of the candidate the tuner starts on still starts.)
+        # A second look, a close call or an unconfirmed lead: the running one measures on.
+        # (At the start nothing has run: a first trial of the candidate the tuner starts on
+        # still starts.)
         if plan.trial == self.choice and self.state is not None:
             return
         incumbent, leader = self.choice if steady else self._incumbent, plan.trial or plan.choice
