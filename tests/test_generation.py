@@ -38,7 +38,7 @@ def generate_sharded(rank, world_size, options):
     optimizer.zero_grad()
     views = []  # one entry per install_views call
     for unit in model.units:
-        unit.install_views = lambda unit=unit, install=unit.install_views: (views.append(unit.index), install())
+        unit.install_views = lambda *args, unit=unit, install=unit.install_views: (views.append(unit.index), install(*args))
     results = {}
     for name, run in {"per_token": lambda: model.module.generate(prompts(), NEW_TOKENS),
                       "pinned": lambda: model.generate(prompts(), NEW_TOKENS),

@@ -41,7 +41,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
                "gradient_scale_dtype"),
     "schedule": ("late_bits_from_step", "late_weight_bits", "late_gradient_bits_inter_node"),
     "auto": ("auto", "auto_probe_every"),
-    "engine": ("prefetch", "prefetch_units", "reshard_root_after_forward", "sync_module_states", "activation_checkpointing",
+    "engine": ("prefetch", "prefetch_units", "reductions_in_flight", "reshard_root_after_forward", "sync_module_states", "activation_checkpointing",
                "shard_alignment", "compile_quantization", "debug_collective_order"),
 }
 """The config's fields by what they configure (the README's options table follows it)."""
@@ -139,6 +139,10 @@ class ZeroConfig:
     """With ``prefetch``: how many units ahead have their gathers in flight. 2 keeps the
     inter-node link busy while the next unit's within-node hop and dequantization run (the
     two-hop gather), at the memory of one more gathered unit."""
+    reductions_in_flight: int = 1
+    """Gradient reductions in flight at once during backward; a new one first waits for the
+    oldest (1, as in FSDP2: one reduction overlaps the next unit's backward). Each holds its
+    unit's full-size gradient until its collective completes, so memory grows with it."""
     reshard_root_after_forward: bool = False
     """Free the root unit after forward; False keeps it for backward, which needs it first."""
     sync_module_states: bool = True
@@ -164,7 +168,8 @@ class ZeroConfig:
                 raise ValueError(f"{item.name} must be true or false, got {value!r}")
         if not isinstance(self.late_bits_from_step, int) or self.late_bits_from_step < 0:
             raise ValueError(f"late_bits_from_step must be an integer >= 0, got {self.late_bits_from_step!r}")
-        for name in ("shard_alignment", "hpz_size", "gradient_chunks", "auto_probe_every", "prefetch_units"):
+        for name in ("shard_alignment", "hpz_size", "gradient_chunks", "auto_probe_every", "prefetch_units",
+                     "reductions_in_flight"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

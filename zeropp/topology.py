@@ -77,11 +77,15 @@ class Topology:
     """
 
     def __init__(self, layout: Layout, rank: int, groups: dict[str, Group], timeout_s: float | None = None,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", device_map: list[torch.device] | None = None) -> None:
         assert 0 <= rank < layout.world_size
+        assert device_map is None or len(device_map) == layout.world_size
         self.layout = layout
         self.rank = rank
         self.device = torch.device(device)  # where this rank's shards, buffers and collectives live
+        # Every rank's device, as each rank chose it (not derived from the layout: four
+        # emulated nodes' ranks may share one GPU); None means each is on ``device``'s kind.
+        self._device_map = device_map
         self._groups = groups
         self._timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
 
@@ -111,7 +115,7 @@ class Topology:
         if device is None:  # the GPU when the process group can move CUDA tensors with NCCL
             on_gpu = torch.cuda.is_available() and "nccl" in str(dist.get_backend())
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu else "cpu"
-        return cls(layout, rank, groups, timeout_s, device)
+        return cls(layout, rank, groups, timeout_s, device, _gather_device_map(torch.device(device), world_size))
 
     @classmethod
     def from_device_mesh(cls, mesh, timeout_s: float | None = None) -> "Topology":
@@ -127,6 +131,12 @@ class Topology:
                              f"the whole world of {dist.get_world_size()}; it holds {ranks}")
         device = "cpu" if mesh.device_type == "cpu" else f"{mesh.device_type}:{int(os.environ.get('LOCAL_RANK', 0))}"
         return cls.from_environment(ranks_per_node=per_node, timeout_s=timeout_s, device=device)
+
+    def device_of(self, rank: int) -> torch.device:
+        """The device global rank ``rank`` keeps its shards on."""
+        if self._device_map is None:
+            return torch.device(self.device.type)
+        return self._device_map[rank]
 
     def hpz_group(self, hpz_size: int) -> Group:
         """The group of ``hpz_size`` consecutive ranks inside this rank's node that share a
@@ -185,6 +195,15 @@ class Topology:
             f"Topology(rank={self.rank}, world_size={self.world_size}, "
             f"num_nodes={self.num_nodes}, ranks_per_node={self.ranks_per_node}, device={self.device})"
         )
+
+
+def _gather_device_map(device: torch.device, world_size: int) -> list[torch.device] | None:
+    """Collective for accelerator devices: every rank's device, as each rank reports it."""
+    if device.type == "cpu" or world_size == 1:
+        return None if device.type == "cpu" else [device]
+    devices: list = [None] * world_size
+    dist.all_gather_object(devices, str(device))
+    return [torch.device(name) for name in devices]
 
 
 def _intra_node_partition(layout: Layout) -> list[list[int]]:

@@ -44,25 +44,23 @@ class CollectiveCall:
 class TrackedWork:
     """A collective in flight; ``wait`` converts backend failures into CollectiveError."""
 
-    def __init__(self, work, call: CollectiveCall, rank: int, world_size: int, waited: list[float]) -> None:
+    def __init__(self, work, call: CollectiveCall, rank: int, world_size: int, clock, device: torch.device) -> None:
         self.work = work
         self.call = call
         self.rank = rank
         self.world_size = world_size
         self.started = time.monotonic()
-        self._waited = waited  # the communicator's running total of seconds spent blocked
+        self._clock = clock  # the communicator's WaitClock
+        self._device = device
 
     def is_completed(self) -> bool:
         return self.work.is_completed()
 
     def wait(self) -> None:
-        blocked = time.perf_counter()
         try:
-            self.work.wait()
+            self._clock.measure(self._device, self.work.wait)
         except RuntimeError as error:
             raise collective_error(self.call, self.rank, self.world_size, self.started, error) from error
-        finally:
-            self._waited[0] += time.perf_counter() - blocked
 
 
 def collective_error(call: CollectiveCall, rank: int, world_size: int, started: float, error: Exception) -> CollectiveError:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from ..accounting import CollectiveRecord, CommLog
 from ..topology import Group
 from .failures import CollectiveCall, TrackedWork, check_same_call
+from .wait_clock import WaitClock
 
 
 @dataclass
@@ -47,20 +48,17 @@ class Communicator:
         self.comm_log = comm_log
         self.check_order = check_order
         self.device = None if device is None else torch.device(device)  # every tensor must be there
-        self._waited = [0.0]
-        self._waited_before = 0.0  # what take_wait_seconds handed out
+        self._clock = WaitClock()
 
     def take_wait_seconds(self) -> float:
-        """Seconds spent blocked on collectives since the last call: the communication that
-        computation did not hide."""
-        waited, self._waited[0] = self._waited[0], 0.0
-        self._waited_before += waited
-        return waited
+        """Seconds computation waited for collectives since the last call: the communication
+        it did not hide (host time on the CPU, compute-stream stalls on CUDA)."""
+        return self._clock.take()
 
     @property
     def total_wait_seconds(self) -> float:
-        """Seconds spent blocked on collectives since construction (never reset)."""
-        return self._waited_before + self._waited[0]
+        """Seconds waited for collectives since construction (never reset)."""
+        return self._clock.total
 
     def _launch(self, op: str, group: Group, phase: str, label: str, tensor: torch.Tensor, launch):
         call = CollectiveCall(op, group.name, phase, label, tensor.numel(), str(tensor.dtype).removeprefix("torch."))
@@ -70,7 +68,7 @@ class Communicator:
         if self.check_order:
             check_same_call(call, group.handle, group.size)
         work = launch()
-        return TrackedWork(work, call, self.comm_log.rank, self.comm_log.layout.world_size, self._waited)
+        return TrackedWork(work, call, self.comm_log.rank, self.comm_log.layout.world_size, self._clock, tensor.device)
 
     def all_gather(self, output: torch.Tensor, shard: torch.Tensor, group: Group, phase: str, label: str = ""):
         """Start gathering every member's ``shard`` [n] into ``output`` [group.size * n] in

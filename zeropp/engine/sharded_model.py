@@ -6,7 +6,9 @@ Lifecycle of a unit in one training step (docs/design.md section 2)::
     forward post-hook  free, and hook the outputs so backward can gather again
     output grad hook   gather before the unit's backward, prefetch the next in backward order
     grad-ready hook    the gathered buffer's gradient is complete: start the reduce-scatter
-    end of backward    wait for the reductions, add them into the master shards' grads
+                       (after waiting for the oldest while ``reductions_in_flight`` are in
+                       flight, adding each finished one into its master shard's grad)
+    end of backward    finish the reductions still in flight
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .construction import UnitBuilder
 from .full_parameters import full_parameters
 from .generation import PinnedUnits, generation_mode
 from .nonfinite import NonfiniteTracker
+from .reductions import ReductionQueue
 from .schedule import ExecutionOrder
 from .strategies import Strategies
 from .unit import Unit
@@ -68,7 +71,7 @@ class ShardedModel(nn.Module):
         self._forward_order = ExecutionOrder()
         self._backward_order = ExecutionOrder()
         self._in_backward = False
-        self._pending_reductions: list = []
+        self._reductions = ReductionQueue(self.config.reductions_in_flight)
         self._nonfinite = NonfiniteTracker()
         self._pinned: PinnedUnits | None = None  # generation mode: units kept gathered
         self._optimizer_stepped = False  # set by any optimizer stepping these parameters
@@ -306,6 +309,8 @@ class ShardedModel(nn.Module):
         if unit.is_root and not self._in_backward:  # also when called as self.module(...), as generate() does
             self._tune()
             self._refresh_changed_weights()
+            for flat in self.flat_params():
+                flat.drop_cleared_grad()
         if not self._in_backward:
             self._forward_order.observe(unit.index)
         self._ensure_gathered(unit)
@@ -314,7 +319,9 @@ class ShardedModel(nn.Module):
         if self._pinned is not None:
             self._pinned.install_views(unit)
         else:
-            unit.install_views()
+            # A recomputation in backward (activation checkpointing) feeds the forward's
+            # graph, whose views are already counted.
+            unit.install_views(None if self._in_backward else self._on_last_use)
         return None
 
     def _post_forward(self, unit: Unit, module, args, output):
@@ -346,20 +353,24 @@ class ShardedModel(nn.Module):
         """Units whose local gradient had NaN or inf since the last call."""
         return self._nonfinite.take()
 
+    def _on_last_use(self, flat: FlatParam) -> None:
+        """Backward is about to concatenate ``flat``'s parameter gradients: free the gathered
+        values first, so they and the full-size gradient are never alive together."""
+        if flat.state is ShardState.GATHERED:
+            flat.free_full(self._resting_state(flat))
+
     def _on_grad_ready(self, flat: FlatParam, full: torch.Tensor) -> None:
         grad = full.grad  # [padded_numel], compute dtype
         full.grad = None
         self._nonfinite.observe(flat.name, grad)
-        self._pending_reductions.append((flat, self.gradient_reduction.start(grad, flat.name)))
         flat.free_full(self._resting_state(flat))
-        for _, pending in self._pending_reductions:  # in order: hops must match across ranks
-            if not pending.progress():
-                break
+        self._reductions.make_room()
+        self._reductions.add(flat, self.gradient_reduction.start(grad, flat.name))
 
     def _finish_backward(self) -> None:
-        for flat, pending in self._pending_reductions:
-            flat.accumulate_grad(pending.wait())
-        self._pending_reductions.clear()
+        self._reductions.finish_all()
+        for flat in self.flat_params():
+            flat.forget_uses()
         for unit in self.units:
             self._free(unit)
         self._backward_order.freeze()

@@ -36,7 +36,7 @@ def sharded_tensor(model, flat: FlatParam, piece: LocalPiece, local: torch.Tenso
         last = min(start + flat.shard_numel, slot.offset + slot.numel) - slot.offset
         if first >= last:
             continue
-        metadata = ShardMetadata([first], [last - first], f"rank:{rank}/{_device_of(topology, rank)}")
+        metadata = ShardMetadata([first], [last - first], placement(topology, rank))
         shards.append(metadata)
         if rank == topology.rank:
             local_shards.append(Shard(local, metadata))
@@ -48,9 +48,10 @@ def sharded_tensor(model, flat: FlatParam, piece: LocalPiece, local: torch.Tenso
             local_shards, global_metadata, process_group=topology.group("world").handle)
 
 
-def _device_of(topology, rank: int) -> str:
-    device = topology.device
-    return f"cuda:{rank % topology.ranks_per_node}" if device.type == "cuda" else device.type
+def placement(topology, rank: int) -> str:
+    """Where ``rank`` holds its shards, as ``ShardMetadata`` names it: the device that rank
+    reported (four emulated nodes' ranks may share one GPU), never one derived from the layout."""
+    return f"rank:{rank}/{topology.device_of(rank)}"
 
 
 def sharded_state_dict(model, prefix: str = "") -> dict:

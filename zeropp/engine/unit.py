@@ -17,6 +17,6 @@ class Unit:
     flats: list[FlatParam]
     is_root: bool
 
-    def install_views(self) -> None:
+    def install_views(self, on_last_use=None) -> None:
         for flat in self.flats:
-            flat.install_views()
+            flat.install_views(on_last_use)

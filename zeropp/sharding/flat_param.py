@@ -14,7 +14,9 @@ views saved by autograd come back to life when the storage is refilled for backw
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
 
@@ -157,6 +159,7 @@ class FlatParam:
         self.full_data = self.full.data
         self.state = ShardState.SHARDED
         self.pending_gather = None
+        self.uses_in_graph = 0  # forwards whose parameter views autograd has not yet differentiated
         self.seen_version = self.master._version  # the master's version when last refreshed
 
     def _local_piece(self, slot: Slot) -> LocalPiece:
@@ -190,12 +193,20 @@ class FlatParam:
         self.state = state
         self.pending_gather = None
 
-    def install_views(self) -> None:
-        """Point every use of every parameter at its view of ``full``."""
+    def install_views(self, on_last_use: Callable[["FlatParam"], None] | None = None) -> None:
+        """Point every use of every parameter at its view of ``full``.
+
+        ``on_last_use(self)`` is called in backward once autograd has every parameter
+        gradient of every forward since :meth:`forget_uses`, just before it concatenates
+        them into one full-size gradient: nothing needs the gathered values any more, so
+        they can be freed before that concatenation allocates."""
         source = self.full if torch.is_grad_enabled() else self.full.detach()
         # One split node instead of a slice per parameter: its backward writes all
         # parameter gradients into one full-size buffer with a single concatenation.
         pieces = torch.split(source, self._split_sizes)[1::2]
+        if on_last_use is not None and source.requires_grad and pieces:
+            self.uses_in_graph += 1
+            pieces[0].grad_fn.register_prehook(functools.partial(self._use_differentiated, on_last_use))
         for slot, piece in zip(self.slots, pieces):
             view = piece.view(slot.shape)
             for use in slot.uses:
@@ -208,12 +219,27 @@ class FlatParam:
                     )
                 setattr(use.module, use.attr, view)
 
+    def drop_cleared_grad(self) -> None:
+        """A piece whose grad was set to None (an optimizer over ``model.parameters()``
+        zeroing them) means the accumulated gradient was cleared: release the master's grad,
+        whose storage the pieces' views kept alive, so it does not outlive the step."""
+        if self.master.grad is not None and any(piece.parameter.grad is None for piece in self.local_pieces):
+            self.clear_grad()
+
+    def _use_differentiated(self, on_last_use, grad_outputs) -> None:
+        self.uses_in_graph -= 1
+        if self.uses_in_graph == 0:  # below zero: a graph from before forget_uses, leave it
+            on_last_use(self)
+
+    def forget_uses(self) -> None:
+        """Backward ended: graphs never differentiated (a forward without backward) no longer count."""
+        self.uses_in_graph = 0
+
     def accumulate_grad(self, shard_grad: torch.Tensor) -> None:
         """Add a reduced gradient shard ([shard_numel] fp32) into the master's grad; the
-        local pieces' grads are views of it. A piece whose grad was set to None (an optimizer
-        over ``model.parameters()`` zeroing them) means the accumulated gradient was cleared."""
-        cleared = any(piece.parameter.grad is None for piece in self.local_pieces)
-        if self.master.grad is None or cleared:
+        local pieces' grads are views of it (see :meth:`drop_cleared_grad`)."""
+        self.drop_cleared_grad()
+        if self.master.grad is None:
             self.master.grad = shard_grad
         else:
             self.master.grad.add_(shard_grad)

@@ -128,6 +128,8 @@ def _run_bench(arguments) -> int:
         from zeropp_tools.bench import replan as benchmark
     elif arguments.bench == "rlhf":
         from zeropp_tools.bench import rlhf as benchmark
+    elif arguments.bench == "memory":
+        from zeropp_tools.bench import memory as benchmark
     else:
         from zeropp_tools.bench import quantization as benchmark
     return benchmark.main(arguments)

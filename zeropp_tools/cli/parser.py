@@ -170,6 +170,15 @@ def _add_bench(commands) -> None:
     rlhf.add_argument("--weights", default="runs/rlhf", help="folder with sft/ and reward/ (made if missing)")
     rlhf.add_argument("--out", default="runs/bench/rlhf", help="folder for rlhf.json and rlhf.md")
     rlhf.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs in --out")
+    memory = _subcommand(bench, "memory", "peak memory per rank and the largest model: zeropp, FSDP2, DDP on 4 CPU ranks")
+    memory.add_argument("--engines", default="zeropp-zero3,zeropp-zero++,fsdp2,ddp",
+                        help="comma-separated: zeropp-zero3, zeropp-zero++, fsdp2, ddp")
+    memory.add_argument("--hidden", type=positive_int, default=1024, help="hidden size of the Llama-style model")
+    memory.add_argument("--layers", type=positive_int, default=24, help="decoder layers of the fixed model")
+    memory.add_argument("--ram-fraction", type=positive_float, default=0.8,
+                        help="share of the machine's RAM the search may fill with four ranks")
+    memory.add_argument("--no-search", action="store_true", help="measure the fixed model only")
+    memory.add_argument("--out", default="runs/bench/memory", help="folder for memory.json, memory.md and memory.png")
     faults = _subcommand(bench, "faults", "inject faults into real runs (link, node, disk, soak) and record the outcome")
     faults.add_argument("--scenarios", default="link_flap,link_down,node_killed,disk_full,soak",
                         help="comma-separated scenarios: link_flap, link_down, node_killed, disk_full, soak")
