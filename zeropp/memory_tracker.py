@@ -20,8 +20,9 @@ Usage::
 
 from __future__ import annotations
 
+import traceback
 import weakref
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 import torch
@@ -32,8 +33,13 @@ from torch.utils._pytree import tree_flatten
 class LiveTensorTracker(TorchDispatchMode):
     """Current and peak live bytes per device, and the peak of each phase marked."""
 
-    def __init__(self) -> None:
+    def __init__(self, dry_run: bool = False) -> None:
+        """``dry_run``: meta tensors count as the bytes they stand for (a run on the meta
+        device stands in for an accelerator), and a host synchronisation on them (``.item()``)
+        is recorded in :attr:`host_syncs` and answered with 1 instead of raising."""
         super().__init__()
+        self.dry_run = dry_run
+        self.host_syncs: Counter[str] = Counter()  # "phase: op at file:line" -> calls
         self._sizes: dict[int, tuple[torch.device, int]] = {}  # storage key -> (device, bytes)
         self._references: dict[int, weakref.ref] = {}
         self.current: dict[torch.device, int] = defaultdict(int)
@@ -86,6 +92,11 @@ class LiveTensorTracker(TorchDispatchMode):
         return super().__exit__(*args)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        synchronising = _host_sync(func, args, kwargs or {})
+        if synchronising:
+            self.host_syncs[f"{self.phase}: {synchronising} at {_caller()}"] += 1
+            if self.dry_run and func is torch.ops.aten._local_scalar_dense.default:
+                return 1
         output = func(*args, **(kwargs or {}))
         for tensor in tree_flatten(output)[0]:
             if isinstance(tensor, torch.Tensor):
@@ -103,7 +114,7 @@ class LiveTensorTracker(TorchDispatchMode):
         return storage._cdata
 
     def _add(self, storage: torch.UntypedStorage, device: torch.device) -> None:
-        if device.type == "meta":  # shapes only, no bytes
+        if device.type == "meta" and not self.dry_run:  # shapes only, no bytes
             return
         key = self._key(storage)
         if key in self._sizes:
@@ -138,3 +149,29 @@ class LiveTensorTracker(TorchDispatchMode):
                 self.peak_bytes[device] = nbytes
             if phase_peak is not None and nbytes > phase_peak[device]:
                 phase_peak[device] = nbytes
+
+
+def _host_sync(func, args, kwargs) -> str | None:
+    """The name of a host synchronisation: a device tensor read on the host (``.item()``,
+    ``.tolist()``) or copied to the CPU; None for anything else."""
+    tensors = [tensor for tensor in tree_flatten((args, kwargs))[0] if isinstance(tensor, torch.Tensor)]
+    on_device = any(tensor.device.type not in ("cpu",) for tensor in tensors)
+    if not on_device:
+        return None
+    if func is torch.ops.aten._local_scalar_dense.default:
+        return "item"
+    if func is torch.ops.aten._to_copy.default and str(kwargs.get("device", "")) == "cpu":
+        return "copy to cpu"
+    return None
+
+
+def _caller() -> str:
+    """The innermost frame of zeropp's own code (else the innermost outside torch)."""
+    frames = traceback.extract_stack()[:-3]
+    for frame in reversed(frames):
+        if "/zeropp/" in frame.filename and "memory_tracker" not in frame.filename:
+            return f"{frame.filename.split('/zeropp/', 1)[1]}:{frame.lineno}"
+    for frame in reversed(frames):
+        if "/torch/" not in frame.filename:
+            return f"{frame.filename}:{frame.lineno}"
+    return "torch"

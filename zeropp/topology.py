@@ -199,8 +199,10 @@ class Topology:
 
 def _gather_device_map(device: torch.device, world_size: int) -> list[torch.device] | None:
     """Collective for accelerator devices: every rank's device, as each rank reports it."""
-    if device.type == "cpu" or world_size == 1:
-        return None if device.type == "cpu" else [device]
+    if device.type == "cpu":
+        return None
+    if world_size == 1 or dist.get_backend() == "fake":  # a dry run: one process stands for every rank
+        return [device] * world_size
     devices: list = [None] * world_size
     dist.all_gather_object(devices, str(device))
     return [torch.device(name) for name in devices]

@@ -28,7 +28,7 @@ from ..config import ZeroConfig
 from ..sharding import FlatParam, ShardState
 from ..init import WeightSource
 from ..topology import Topology
-from . import metrics, state_dict
+from . import memory_model, metrics, state_dict
 from .checks import check_inputs, check_weight_source, resolve_unit_classes
 from .construction import UnitBuilder
 from .full_parameters import full_parameters
@@ -146,6 +146,12 @@ class ShardedModel(nn.Module):
     def predicted_step_bytes(self) -> dict[str, dict[str, int]]:
         """The analytic bytes this rank receives per step, per phase, intra and inter node."""
         return metrics.predicted_bytes(self)
+
+    def predicted_memory(self, optimizer_state_bytes_per_value: int = 8, activation_bytes: int = 0) -> dict:
+        """This rank's bytes per phase and component (resting, forward, backward, optimizer
+        step, generation; see :mod:`zeropp.engine.memory_model`). Adam keeps 8 bytes of
+        state per value; give the activations when they matter."""
+        return memory_model.predicted_memory(self, optimizer_state_bytes_per_value, activation_bytes)
 
     def weight_quantization_error(self) -> float | None:
         """Relative L2 error of the gathered weights against the fp32 masters (collective);

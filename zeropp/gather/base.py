@@ -57,6 +57,15 @@ class WeightGather:
         """What the strategy holds between gathers (copies, caches), for memory reports."""
         return []
 
+    def kept_bytes(self, shard_numel: int, layout: Layout) -> int:
+        """Bytes :meth:`kept_tensors` holds for one flat of ``shard_numel`` values per rank
+        once it has been gathered (the memory model's prediction)."""
+        return 0
+
+    def receive_bytes(self, shard_numel: int, layout: Layout) -> int:
+        """Bytes a gather of one flat holds besides its full buffer while in flight."""
+        return 0
+
     def saved_state(self, flat: "FlatParam") -> torch.Tensor | None:
         """State of ``flat`` that a checkpoint must keep for an exact resume (None: none)."""
         return None

@@ -125,6 +125,13 @@ class DeltaGather(WeightGather):
     def holds_copy(self, flat) -> bool:
         return flat.name in self._current
 
+    def kept_bytes(self, shard_numel: int, layout: Layout) -> int:
+        return layout.num_nodes * shard_numel * 4  # the fp32 copy of this rank's shard row of every node
+
+    def receive_bytes(self, shard_numel: int, layout: Layout) -> int:
+        """The row sent inside the node [N, S] and what arrives [D, N, S], compute dtype."""
+        return (layout.num_nodes + layout.world_size) * shard_numel * self.compute_itemsize
+
     def kept_tensors(self) -> list[torch.Tensor]:
         return list(self.references.values())
 

@@ -86,6 +86,12 @@ class QuantizedGather(WeightGather):
     def quantization_error_sums(self, flats) -> tuple[float, float]:
         return self.packed.error_sums(flats)
 
+    def kept_bytes(self, shard_numel: int, layout: Layout) -> int:
+        return self.chunk_bytes(shard_numel)  # this rank's packed shard
+
+    def receive_bytes(self, shard_numel: int, layout: Layout) -> int:
+        return layout.world_size * self.chunk_bytes(shard_numel)  # every rank's packed shard
+
     def chunk_bytes(self, shard_numel: int) -> int:
         return self.format.packed_nbytes(shard_numel)
 

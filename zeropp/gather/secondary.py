@@ -65,6 +65,17 @@ class SecondaryGather(WeightGather):
     def kept_tensors(self) -> list[torch.Tensor]:
         return list(self._parts.values()) + self.primary.kept_tensors()
 
+    def kept_bytes(self, shard_numel: int, layout: Layout) -> int:
+        """This member's part of the gathered buffer as it travelled, and the primary's cache."""
+        if self.primary.keeps_packed:
+            whole = layout.world_size * self.primary.chunk_bytes(shard_numel)
+        else:
+            whole = layout.world_size * shard_numel * self.primary.compute_itemsize
+        return whole // self.size + self.primary.kept_bytes(shard_numel, layout)
+
+    def receive_bytes(self, shard_numel: int, layout: Layout) -> int:
+        return self.primary.receive_bytes(shard_numel, layout)  # the first gather's; the parts' is as large or smaller
+
     def holds_copy(self, flat) -> bool:
         return flat.name in self._parts
 

@@ -78,6 +78,12 @@ class TwoHopGather(WeightGather):
         if self.packed is not None:
             self.packed.invalidate(flat)
 
+    def kept_bytes(self, shard_numel: int, layout: Layout) -> int:
+        return self.chunk_bytes(shard_numel) if self.packed is not None else 0
+
+    def receive_bytes(self, shard_numel: int, layout: Layout) -> int:
+        return layout.num_nodes * self.chunk_bytes(shard_numel)  # one shard from each node
+
     def kept_tensors(self) -> list[torch.Tensor]:
         return self.packed.kept() if self.packed is not None else []
 

@@ -35,6 +35,11 @@ class GradientReduction:
     def carry_state_from(self, previous: "GradientReduction") -> None:
         """Take over what ``previous`` kept between steps (the config switched mid-run)."""
 
+    def held_bytes(self, shard_numel: int, layout: Layout, backend: str = "gloo") -> int:
+        """Bytes one reduction in flight holds until it is finished: the full-size gradient
+        it was given when its collective reads it, and its own buffers."""
+        raise NotImplementedError
+
     def predicted_bytes(self, shard_numel: int, layout: Layout, rank: int, backend: str = "gloo") -> Traffic:
         """Bytes ``rank`` receives for one reduction of a flat of ``shard_numel`` values per rank."""
         raise NotImplementedError

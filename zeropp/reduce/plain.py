@@ -15,6 +15,13 @@ class PlainReduction(GradientReduction):
         to_send = flat_grad.to(self.config.reduce_torch_dtype)
         return self.comm.reduce_scatter_mean(to_send, self.topology.group("world"), "reduce_scatter", label)
 
+    def held_bytes(self, shard_numel: int, layout: Layout, backend: str = "gloo") -> int:
+        """What is sent, the gradient in the reduce dtype [W * S], and what arrives: every
+        rank's chunk on gloo (an all-to-all), one chunk on NCCL."""
+        itemsize = self.config.reduce_torch_dtype.itemsize
+        received = shard_numel * itemsize if backend == "nccl" else layout.world_size * shard_numel * itemsize
+        return layout.world_size * shard_numel * itemsize + received
+
     def predicted_bytes(self, shard_numel: int, layout: Layout, rank: int, backend: str = "gloo") -> Traffic:
         chunk = shard_numel * self.config.reduce_torch_dtype.itemsize
         if backend == "nccl":

@@ -95,6 +95,15 @@ class QgzReduction(GradientReduction):
     def packed_nbytes(self, fmt: BlockFormat, numel: int) -> int:
         return fmt.packed_nbytes(numel)
 
+    def held_bytes(self, shard_numel: int, layout: Layout, backend: str = "gloo") -> int:
+        """Packed codes only, per chunk of s values sent and received on each hop: the
+        gradient itself is released once its rows are quantized, at the start."""
+        nodes, per_node = layout.num_nodes, layout.ranks_per_node
+        chunk = shard_numel // self.num_chunks
+        intra = 2 * per_node * self.packed_nbytes(self.intra_format, nodes * chunk)
+        inter = 2 * nodes * self.packed_nbytes(self.inter_format, chunk)
+        return self.num_chunks * (intra + inter)
+
     def predicted_bytes(self, shard_numel: int, layout: Layout, rank: int, backend: str = "gloo") -> Traffic:
         nodes = layout.num_nodes
         intra = traffic.exchange(layout, rank, traffic.intra_node(layout, rank),

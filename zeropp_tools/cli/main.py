@@ -55,6 +55,10 @@ def _dispatch(arguments, argv: list[str] | None) -> int:
         from zeropp_tools.rlhf.cli import run_rlhf
 
         return run_rlhf(arguments)
+    if arguments.command == "dryrun":
+        from zeropp_tools import dryrun
+
+        return dryrun.main(arguments)
     if arguments.command == "plan":
         from zeropp_tools import plan as planner
 

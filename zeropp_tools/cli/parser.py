@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(commands)
     _add_study(commands)
     _add_bench(commands)
+    _add_dryrun(commands)
     add_rlhf_arguments(_subcommand(
         commands, "rlhf", "RLHF: SFT, a reward model, PPO over four sharded models",
         "Supervised fine-tuning of the GPT on the corpus, a reward model trained on preference pairs\n"
@@ -121,6 +122,23 @@ def _add_plan(commands) -> None:
     plan.add_argument("--paper", action="store_true", help="predict the ZeRO++ paper's settings instead")
     plan.add_argument("--compare", metavar="THROUGHPUT_JSON", default=None,
                       help="compare predictions with a `zeropp bench throughput` result file")
+
+
+def _add_dryrun(commands) -> None:
+    dryrun = _subcommand(
+        commands, "dryrun", "training steps as one rank of a large world, without accelerators (memory, bytes, syncs)",
+        "Run real training steps of the engine as rank 0 of NODES x RANKS_PER_NODE ranks: a fake process group\n"
+        "and the meta device in place of GPUs. Reports peak memory per phase beside the memory model, the bytes\n"
+        "per phase and the host synchronisations of a step. Default: the ZeRO++ paper's 18B model on 384 GPUs.",
+    )
+    dryrun.add_argument("--models", default="40x6144",
+                        help="comma-separated LAYERSxHIDDEN GPT shapes (heads of 128, vocabulary 50,000)")
+    dryrun.add_argument("--layouts", default="24x16", help="comma-separated NODESxGPUS layouts")
+    dryrun.add_argument("--tokens-per-rank", type=positive_int, default=1024, help="tokens per GPU per step")
+    dryrun.add_argument("--variants", default="zero3,zero++", help="comma-separated: zero3, zero++ (fp16)")
+    dryrun.add_argument("--no-activation-checkpointing", action="store_true",
+                        help="keep every activation (the paper's runs recompute them)")
+    dryrun.add_argument("--out", default=None, help="JSON file for the results")
 
 
 def _add_study(commands) -> None:

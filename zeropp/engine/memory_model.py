@@ -1,0 +1,98 @@
+"""The memory model: what one rank holds in each phase of a training step.
+
+Every term is bytes on this rank, computed from the flat parameters' sizes, the config and
+the strategies in force (docs/design.md section 2, "Bounded backward"). Phases:
+
+- ``resting``: between steps, after ``zero_grad``: fp32 masters, compute-dtype shard copies,
+  optimizer state, gradient shards (an optimizer over ``model.parameters()`` sets only the
+  pieces' grads to None; the shard goes at the next forward), and what the weight gather
+  keeps (hpZ parts, qwZ caches, the delta gather's copies).
+- ``forward``: the gradient shards released; the root gathered, the computing unit and
+  ``prefetch_units`` more gathered, with a quantized gather's receive buffers; activations.
+- ``backward``: as forward, plus the gradient shards (all of them by the end, while the
+  activations are freed), the computing unit's full-size gradient twice (its pieces and
+  their concatenation; its gathered values are freed before) and ``reductions_in_flight``
+  reductions with their buffers.
+- ``optimizer_step``: resting plus the optimizer's temporaries (torch's single-tensor
+  AdamW, the CPU default, holds two the size of the largest parameter piece at a time).
+- ``generation``: a no-grad forward in generation mode, every unit kept gathered.
+
+Activations depend on the model and batch: the caller gives them (0 by default).
+"""
+
+from __future__ import annotations
+
+from ..sharding import FlatParam
+
+FP32 = 4
+OPTIMIZER_TEMPORARIES = 2  # fp32 tensors the size of one parameter piece alive in a per-tensor step (measured)
+
+
+def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation_bytes: int = 0) -> dict[str, dict[str, int]]:
+    """``{phase: {component: bytes}}`` for this rank; ``"total"`` in each phase sums it.
+    ``optimizer_state_bytes_per_value``: 8 for Adam's two fp32 moments, 4 for SGD with
+    momentum, 0 without state."""
+    config = model.active_config
+    layout = model.topology.layout
+    flats = model.flat_params()
+    trainable = [flat for flat in flats if flat.requires_grad]
+    compute_itemsize = config.compute_torch_dtype.itemsize
+    gather = model.weight_gather
+
+    def kept(flat: FlatParam) -> int:
+        return gather.for_flat(flat.requires_grad).kept_bytes(flat.shard_numel, layout)
+
+    def full(unit) -> int:
+        return sum(flat.padded_numel * compute_itemsize for flat in unit.flats)
+
+    def receiving(unit) -> int:  # what a gather holds besides the full buffer (a quantized gather's codes)
+        return sum(gather.for_flat(flat.requires_grad).receive_bytes(flat.shard_numel, layout) for flat in unit.flats)
+
+    def reducing(flat: FlatParam) -> int:
+        return model.gradient_reduction.held_bytes(flat.shard_numel, layout)
+
+    resting = {
+        "masters": sum(flat.shard_numel for flat in flats) * FP32,
+        "compute_shards": 0 if compute_itemsize == FP32 else sum(flat.shard_numel for flat in flats) * compute_itemsize,
+        "optimizer_state": sum(flat.shard_numel for flat in trainable) * optimizer_state_bytes_per_value,
+        "gradient_shards": sum(flat.shard_numel for flat in trainable) * FP32,
+        "kept_copies": sum(kept(flat) for flat in flats),
+    }
+    root = next(unit for unit in model.units if unit.is_root)
+    others = [unit for unit in model.units if not unit.is_root]
+    # The computing unit and the prefetched ones hold their full buffers; one gather's
+    # receive buffers are alive at a time at the peak (a finished gather has dropped its own).
+    in_flight = sorted((full(unit) for unit in others), reverse=True)[: 1 + (config.prefetch_units if config.prefetch else 0)]
+    receive = max((receiving(unit) for unit in model.units), default=0)
+    root_in_forward = 0 if config.reshard_root_after_forward else full(root)
+    forward = {**resting, "gradient_shards": 0, "root_gathered": root_in_forward,
+               "units_gathered": sum(in_flight) + receive, "activations": activation_bytes}
+    reductions = sorted((reducing(flat) for flat in trainable), reverse=True)
+    largest_gradient = max((flat.padded_numel * compute_itemsize for flat in trainable), default=0)
+    # The peak: while a unit's parameter gradients are concatenated (pieces and the whole,
+    # its gathered values freed just before), the next units prefetched and the earlier
+    # reductions in flight. Activations are freed as backward goes while gradient shards
+    # arrive: the larger of the two counts.
+    backward = {**resting, "root_gathered": full(root), "units_gathered": sum(in_flight[1:]) + receive,
+                "gradient_being_built": 2 * largest_gradient,
+                "reductions_in_flight": sum(reductions[: config.reductions_in_flight]),
+                "activations": max(0, activation_bytes - resting["gradient_shards"])}
+    generation = {**resting, "gradient_shards": 0, "units_gathered": sum(full(unit) for unit in model.units)
+                  + max(receiving(unit) for unit in model.units), "activations": activation_bytes}
+    largest_piece = max((piece.parameter.numel() for flat in trainable for piece in flat.local_pieces), default=0)
+    step = {**resting, "optimizer_temporaries": OPTIMIZER_TEMPORARIES * largest_piece * FP32}
+    phases = {"resting": resting, "forward": forward, "backward": backward, "optimizer_step": step,
+              "generation": generation}
+    for components in phases.values():
+        components["total"] = sum(components.values())
+    return phases
+
+
+def format_memory(phases: dict[str, dict[str, int]]) -> str:
+    """A table: one row per component, one column per phase, MB."""
+    names = list(dict.fromkeys(name for components in phases.values() for name in components if name != "total"))
+    header = f"{'MB per rank':<22}" + "".join(f"{phase:>16}" for phase in phases)
+    rows = [header]
+    for name in [*names, "total"]:
+        rows.append(f"{name:<22}" + "".join(f"{components.get(name, 0) / 1e6:>16.1f}" for components in phases.values()))
+    return "\n".join(rows)
