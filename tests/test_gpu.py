@@ -60,6 +60,11 @@ def train_sharded(rank, world_size, options, device, folder):
     save_checkpoint(model, optimizer, folder, step=STEPS)
     before = model.full_state_dict()
     load_checkpoint(model, optimizer, folder)
+    # Every shard is placed on the device its rank reported (4 ranks share cuda:0 here;
+    # a placement derived from the layout named cuda:1, which made dcp.save fail).
+    for value in model.state_dict().values():
+        for shard in getattr(value, "local_shards", lambda: [])():
+            assert shard.metadata.placement.device() == topology.device, shard.metadata.placement
     dcp.save({"train": DistributedState(model, optimizer)}, checkpoint_id=f"{folder}/dcp")
     dcp.load({"train": DistributedState(model, optimizer)}, checkpoint_id=f"{folder}/dcp")
     after = model.full_state_dict()

@@ -115,6 +115,21 @@ def dry_run(run: DryRun, steps: int = 2) -> dict:
     }
 
 
+def predicted_memory_of(gpt: GPTConfig, nodes: int, ranks_per_node: int, config: ZeroConfig) -> dict:
+    """The memory model for the built-in GPT ``gpt`` on rank 0 of ``nodes`` x
+    ``ranks_per_node`` under ``config``: the engine is built (not run) on the meta device
+    in a fake world, so its real flat buffers and strategies are what is counted."""
+    join_fake_world(DryRun(nodes=nodes, ranks_per_node=ranks_per_node))
+    try:
+        topology = Topology.from_environment(ranks_per_node=ranks_per_node, device="meta")
+        with torch.device("meta"):
+            module = GPT(gpt)
+        model = ShardedModel(module, topology, config, unit_classes=(Block,), init=NoWeights())
+        return model.predicted_memory()
+    finally:
+        dist.destroy_process_group()
+
+
 def join_fake_world(run: DryRun) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -133,6 +148,7 @@ def _pairs(text: str, flag: str) -> list[tuple[int, int]]:
 def main(args) -> int:
     from zeropp_tools.bench.provenance import provenance
 
+    source = provenance()  # before anything is written
     results = []
     for layers, hidden in _pairs(args.models, "--models"):
         for nodes, per_node in _pairs(args.layouts, "--layouts"):
@@ -150,7 +166,7 @@ def main(args) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         report = {"command": "zeropp dryrun", "arguments": {k: v for k, v in vars(args).items() if k != "func"},
-                  "provenance": provenance(), "results": results}
+                  "provenance": source, "results": results}
         (out / "dryrun.json").write_text(json.dumps(report, indent=2) + "\n")
         (out / "dryrun.md").write_text(markdown(report))
     return 0

@@ -154,6 +154,15 @@ def comparison_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _peak_memory(args, variant: str) -> int:
+    """The memory model's peak for ``variant`` (the engine built on the meta device)."""
+    from zeropp_tools.dryrun import predicted_memory_of
+
+    config = standard_variants(args.ranks_per_node)[variant]
+    phases = predicted_memory_of(GPTConfig.preset(args.model), args.nodes, args.ranks_per_node, config)
+    return max(phases[phase]["total"] for phase in ("forward", "backward", "optimizer_step"))
+
+
 def main(args) -> int:
     if args.compare:
         with open(args.compare) as file:
@@ -172,8 +181,11 @@ def main(args) -> int:
     cluster = ClusterModel(args.nodes, args.ranks_per_node, args.inter_node_mbit * 1e6 / 8)
     best, predictions = recommend(work, cluster)
     for name, p in predictions.items():
+        p["peak_memory_bytes"] = _peak_memory(args, name)
         logger.info(f"{name:<8} step {p['step_s'] * 1e3:8.1f} ms  compute {p['compute_s'] * 1e3:7.1f} ms  "
-              f"link {p['link_s'] * 1e3:7.1f} ms  {p['tokens_per_s']:9,.0f} tokens/s")
+                    f"link {p['link_s'] * 1e3:7.1f} ms  {p['tokens_per_s']:9,.0f} tokens/s  "
+                    f"memory per rank {p['peak_memory_bytes'] / 1e6:8.1f} MB")
+    logger.info("memory per rank: the memory model's peak over the phases of a step, AdamW, activations not included")
     logger.info(f"recommended: {best}")
     logger.info(json.dumps({"recommended": best, "predictions": predictions}))
     return 0
