@@ -20,9 +20,14 @@ CONFIGS = {
 }
 
 
-def measure_phases(rank, world_size, name):
-    torch.manual_seed(0)
+def measure_all(rank, world_size):
+    """Every configuration in the same four processes (one start-up for all)."""
     topology = Topology.from_environment(ranks_per_node=2)
+    return {name: measure_phases(topology, rank, name) for name in CONFIGS}
+
+
+def measure_phases(topology, rank, name):
+    torch.manual_seed(0)
     tracker = LiveTensorTracker()
     tokens = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(rank))
     with tracker:
@@ -52,9 +57,15 @@ def measure_phases(rank, world_size, name):
     return measured, model.predicted_memory()
 
 
+@pytest.fixture(scope="module")
+def measurements():
+    return spawn_ranks(measure_all, 4)
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_predicted_memory_matches_live_tensor_bytes(name):
-    for measured, predicted in spawn_ranks(measure_phases, 4, (name,)):
+def test_predicted_memory_matches_live_tensor_bytes(measurements, name):
+    for rank_results in measurements:
+        measured, predicted = rank_results[name]
         for phase, value in measured.items():
             expected = predicted[phase]["total"]
-            assert abs(value - expected) <= TOLERANCE * value, (phase, value, predicted[phase])
+            assert abs(value - expected) <= TOLERANCE * value, (name, phase, value, predicted[phase])
