@@ -80,3 +80,35 @@ def test_gathered_values_are_freed_before_their_gradient_is_built():
 def test_reductions_in_flight_must_be_positive():
     with pytest.raises(ValueError, match="reductions_in_flight"):
         ZeroConfig(reductions_in_flight=0)
+
+
+def gathered_units_during_backward(rank, world_size, frozen_blocks):
+    """The most non-root units with a gathered flat at any gradient-ready moment of backward,
+    for blocks whose attention is frozen (MixZ++ / adapter-style) and whole frozen blocks."""
+    torch.manual_seed(0)
+    topology = Topology.from_environment(ranks_per_node=2)
+    module = GPT(GPTConfig(num_layers=6, num_heads=4, embed_dim=64, block_size=8))
+    for index, block in enumerate(module.blocks):
+        (block if index in frozen_blocks else block.attn).requires_grad_(False)
+    model = ShardedModel(module, topology, ZeroConfig(quantized_nontrainable_weights=True, hpz_size=2),
+                         unit_classes=(Block,))
+    most = []
+
+    def count(_):
+        most.append(sum(any(flat.state.name == "GATHERED" for flat in unit.flats)
+                        for unit in model.units if not unit.is_root))
+
+    for flat in model.flat_params():
+        if flat.requires_grad:
+            flat.full.register_post_accumulate_grad_hook(count)
+    tokens = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(rank))
+    for _ in range(2):
+        model(tokens[:, :-1], tokens[:, 1:]).backward()
+    return max(most)
+
+
+def test_frozen_weights_are_freed_once_their_unit_is_differentiated():
+    # Without the release every unit's frozen flat stayed gathered to the end of backward
+    # (6 units by then); now the computing unit and the prefetched one.
+    for most in spawn_ranks(gathered_units_during_backward, 4, ((2, 3),)):
+        assert most <= 2, most

@@ -34,6 +34,7 @@ from .construction import UnitBuilder
 from .full_parameters import full_parameters
 from .generation import PinnedUnits, generation_mode
 from .nonfinite import NonfiniteTracker
+from .frozen_release import FrozenRelease
 from .reductions import ReductionQueue
 from .schedule import ExecutionOrder
 from .strategies import Strategies
@@ -72,6 +73,7 @@ class ShardedModel(nn.Module):
         self._backward_order = ExecutionOrder()
         self._in_backward = False
         self._reductions = ReductionQueue(self.config.reductions_in_flight)
+        self._frozen_release = FrozenRelease(self.units, self._free_gathered)
         self._nonfinite = NonfiniteTracker()
         self._pinned: PinnedUnits | None = None  # generation mode: units kept gathered
         self._optimizer_stepped = False  # set by any optimizer stepping these parameters
@@ -328,6 +330,8 @@ class ShardedModel(nn.Module):
             # A recomputation in backward (activation checkpointing) feeds the forward's
             # graph, whose views are already counted.
             unit.install_views(None if self._in_backward else self._on_last_use)
+        if torch.is_grad_enabled() and not self._in_backward:
+            return self._frozen_release.wrap_inputs(unit, args)
         return None
 
     def _post_forward(self, unit: Unit, module, args, output):
@@ -362,6 +366,10 @@ class ShardedModel(nn.Module):
     def _on_last_use(self, flat: FlatParam) -> None:
         """Backward is about to concatenate ``flat``'s parameter gradients: free the gathered
         values first, so they and the full-size gradient are never alive together."""
+        self._free_gathered(flat)
+        self._frozen_release.trainable_done(flat)
+
+    def _free_gathered(self, flat: FlatParam) -> None:
         if flat.state is ShardState.GATHERED:
             flat.free_full(self._resting_state(flat))
 
@@ -377,6 +385,7 @@ class ShardedModel(nn.Module):
         self._reductions.finish_all()
         for flat in self.flat_params():
             flat.forget_uses()
+        self._frozen_release.reset()
         for unit in self.units:
             self._free(unit)
         self._backward_order.freeze()
