@@ -91,7 +91,7 @@ class Communicator:
         if group.size == 1:
             self.comm_log.record_exchange("reduce_scatter", group.ranks, phase, chunk_bytes)
             return PendingReduceScatter(None, flat, 1)
-        if dist.get_backend(group.handle) == "nccl":
+        if self.native_reduce_scatter(group, flat.device):
             # NCCL has a real (ring) reduce-scatter; sum, and divide by the size ourselves.
             self.comm_log.record_ring("reduce_scatter", group.ranks, phase, chunk_bytes)
             received = torch.empty(flat.numel() // group.size, dtype=flat.dtype, device=flat.device)
@@ -107,6 +107,16 @@ class Communicator:
             lambda: dist.all_to_all_single(received, flat, group=group.handle, async_op=True),
         )
         return PendingReduceScatter(work, received, group.size)
+
+    @staticmethod
+    def native_reduce_scatter(group: Group, device: torch.device) -> bool:
+        """Whether ``group`` reduce-scatters ``device`` tensors natively (NCCL's ring, with a
+        chunk-sized output) rather than by gloo's all-to-all (a full-size receive buffer).
+        A dry run's fake group stands for NCCL. A ``cpu:gloo,cuda:nccl`` group names both."""
+        if group.size == 1:
+            return False
+        backend = str(dist.get_backend(group.handle))
+        return backend == "fake" or (device.type == "cuda" and "nccl" in backend)
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: Group, phase: str, label: str = ""):
         """Equal splits: member ``i`` sends row ``j`` of ``input`` [group.size, ...] to member

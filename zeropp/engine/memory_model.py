@@ -48,8 +48,11 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
     def receiving(unit) -> int:  # what a gather holds besides the full buffer (a quantized gather's codes)
         return sum(gather.for_flat(flat.requires_grad).receive_bytes(flat.shard_numel, layout) for flat in unit.flats)
 
+    world = model.topology.group("world")
+    backend = "nccl" if model.communicator.native_reduce_scatter(world, model.topology.device) else "gloo"
+
     def reducing(flat: FlatParam) -> int:
-        return model.gradient_reduction.held_bytes(flat.shard_numel, layout)
+        return model.gradient_reduction.held_bytes(flat.shard_numel, layout, backend)
 
     resting = {
         "masters": sum(flat.shard_numel for flat in flats) * FP32,

@@ -16,7 +16,8 @@ def flat_summaries(model) -> list[FlatSummary]:
 def predicted_bytes(model) -> dict[str, dict[str, int]]:
     """The analytic bytes ``model``'s rank receives per step, per phase, intra and inter node."""
     flats = flat_summaries(model)
-    backend = torch.distributed.get_backend()
+    native = model.communicator.native_reduce_scatter(model.topology.group("world"), model.topology.device)
+    backend = "nccl" if native else "gloo"
     return predicted_step_bytes(flats, model.topology.layout, model.active_config, model.topology.rank, backend)
 
 

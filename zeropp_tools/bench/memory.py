@@ -12,9 +12,10 @@ peak of live tensor bytes (see :mod:`zeropp_tools.bench.memory_engines`).
 Part 2, the search: the largest model (hidden fixed, layers varied) whose three training
 steps keep the four ranks' peak resident sets within ``--ram-fraction`` of the machine's
 RAM. Peak memory is affine in the parameter count at a fixed batch, so each engine is
-measured at two sizes, the line through them proposes the largest layer count, and that
-size is run; a run over the budget steps one layer down. The result is the largest size
-measured within the budget. An engine whose run is predicted over the budget is not
+measured at two sizes, the line through them proposes the largest layer count, that size
+is run, and the line through the two largest runs refines the proposal (one layer up
+after a fit, down after a run over the budget). The result is the largest size measured
+within the budget, with the next size measured over it or predicted over it. An engine whose run is predicted over the budget is not
 started (the machine has no swap: it would be killed, or take the others with it).
 """
 
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 WORLD_SIZE = 4
 RANKS_PER_NODE = 2
 SMALL_LAYERS = 2  # the search's first size
-MAX_TRIES = 3  # runs per engine while looking down from the proposed size
+MAX_TRIES = 4  # runs per engine while narrowing down the largest size
 
 
 def total_ram_bytes() -> int:
@@ -50,7 +51,13 @@ def measure(engine: str, shape: LlamaShape) -> dict:
     """Train ``shape`` three steps with ``engine`` on 4 new ranks; peaks per rank."""
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"  # freed blocks return to the system: RSS tracks live memory
     started = time.monotonic()
-    ranks = spawn_ranks(run_rank, WORLD_SIZE, (MemoryRun(engine, shape, RANKS_PER_NODE),), timeout_s=3600)
+    try:
+        ranks = spawn_ranks(run_rank, WORLD_SIZE, (MemoryRun(engine, shape, RANKS_PER_NODE),), timeout_s=3600)
+    except (RuntimeError, MemoryError) as error:  # a rank killed for memory counts as over the budget
+        logger.info(f"{engine:<14} {shape.parameters / 1e6:>7.0f}M  FAILED: {error}")
+        return {"engine": engine, "hidden": shape.hidden, "layers": shape.layers, "parameters": shape.parameters,
+                "failed": str(error), "baseline_rss_bytes": [0] * WORLD_SIZE,
+                "peak_rss_bytes": [total_ram_bytes()] * WORLD_SIZE, "peak_live_bytes": [0] * WORLD_SIZE}
     result = {
         "engine": engine, "hidden": shape.hidden, "layers": shape.layers, "parameters": shape.parameters,
         "baseline_rss_bytes": [rank["baseline_rss_bytes"] for rank in ranks],
@@ -82,29 +89,51 @@ def _largest_layers(first: dict, second: dict, budget: int) -> int:
 
 
 def search(engine: str, hidden: int, budget: int, known: list[dict]) -> dict:
-    """The largest layer count of width ``hidden`` that ``engine`` trains within ``budget``."""
+    """The largest layer count of width ``hidden`` that ``engine`` trains within ``budget``:
+    a line through two measured sizes proposes one, and each run refines it (see
+    :func:`_next_size`) until a fitting size has its next size over the budget, measured
+    or predicted (a size predicted over is not started: no swap here)."""
     runs = [run for run in known if run["engine"] == engine and run["hidden"] == hidden]
     if not any(run["layers"] == SMALL_LAYERS for run in runs):
         runs.append(measure(engine, LlamaShape(hidden, SMALL_LAYERS)))
     if len({run["layers"] for run in runs}) < 2:
         runs.append(measure(engine, LlamaShape(hidden, 2 * SMALL_LAYERS)))
-    runs.sort(key=lambda run: run["layers"])
-    first, second = runs[0], runs[-1]
-    layers = _largest_layers(first, second, budget)
     for _ in range(MAX_TRIES):
-        if any(run["layers"] == layers for run in runs):
+        candidate = _next_size(runs, budget)
+        if candidate is None:
             break
-        if layers <= second["layers"]:
-            break
-        runs.append(measure(engine, LlamaShape(hidden, layers)))
-        if _total(runs[-1]) <= budget:
-            break
-        layers -= 1
+        runs.append(measure(engine, LlamaShape(hidden, candidate)))
     within = [run for run in runs if _total(run) <= budget]
-    best = max(within, key=lambda run: run["layers"]) if within else None
-    return {"engine": engine, "largest": best, "runs": runs,
-            "proposed_layers": _largest_layers(first, second, budget),
-            "next_size_predicted_total_bytes": None if best is None else _predicted_total(first, second, best["layers"] + 1)}
+    best_run = max(within, key=lambda run: run["layers"]) if within else None
+    ordered = sorted(runs, key=lambda run: run["layers"])
+    first, second = ordered[-2], ordered[-1]
+    return {"engine": engine, "largest": best_run, "runs": runs,
+            "next_size_measured": best_run is not None and any(run["layers"] == best_run["layers"] + 1 for run in runs),
+            "next_size_predicted_total_bytes": None if best_run is None else _predicted_total(first, second, best_run["layers"] + 1)}
+
+
+def _next_size(runs: list[dict], budget: int) -> int | None:
+    """The next layer count to measure, or None once the boundary is known: the largest
+    fitting size ``low`` with ``low + 1`` measured over the budget, or predicted over it by
+    the line through the two largest sizes measured."""
+    measured = {run["layers"]: run for run in runs}
+    fitting = [layers for layers in measured if _total(measured[layers]) <= budget]
+    over = [layers for layers in measured if _total(measured[layers]) > budget]
+    if not fitting:
+        return min(measured) - 1 if min(measured) > 1 else None
+    low = max(fitting)
+    high = min((layers for layers in over if layers > low), default=None)
+    if high is not None:
+        if high == low + 1:
+            return None
+        # Interpolate between the fitting and the failing size.
+        return min(high - 1, max(low + 1, _largest_layers(measured[low], measured[high], budget)))
+    below = max(layers for layers in measured if layers < low) if len(measured) > 1 else None
+    if below is None:
+        return None
+    if _predicted_total(measured[below], measured[low], low + 1) > budget:
+        return None
+    return max(low + 1, _largest_layers(measured[below], measured[low], budget))
 
 
 def _fits(engine: str, shape: LlamaShape, budget: int) -> bool:
