@@ -29,6 +29,7 @@ class SgdScenario:
     zero: dict = field(default_factory=dict)  # ZeroConfig fields; "hpz_size": -1 means the whole node
     clip: float = 1e6  # large: the returned norm is compared, nothing is clipped
     accumulation: int = 1
+    no_sync: bool = False  # micro-steps before the last under model.no_sync(): node sums only
     tolerance: float = 1e-5  # bound on each parameter's relative L2 error (gradients, final values)
     norm_tolerance: float = 1e-5  # bound on the relative error of the global gradient norm
 
@@ -41,6 +42,10 @@ SGD_SCENARIOS = [
     SgdScenario("sgd_zero3"),
     SgdScenario("sgd_clipping", clip=0.5),
     SgdScenario("sgd_accumulation", accumulation=2),
+    SgdScenario("sgd_node_accumulation_2", accumulation=2, no_sync=True),
+    SgdScenario("sgd_node_accumulation_4_hpz", accumulation=4, no_sync=True, zero=dict(hpz_size=-1)),
+    SgdScenario("sgd_node_accumulation_2_qgz", accumulation=2, no_sync=True, zero=dict(quantized_gradients=True),
+                tolerance=0.45, norm_tolerance=0.06),
     SgdScenario("sgd_hpz", zero=dict(hpz_size=-1)),
     SgdScenario("sgd_qwz", zero=dict(quantized_weights=True), tolerance=0.05, norm_tolerance=0.005),
     SgdScenario("sgd_qgz", zero=dict(quantized_gradients=True), tolerance=0.45, norm_tolerance=0.06),
@@ -105,6 +110,7 @@ def sharded_run(scenario: SgdScenario, rank: int, world_size: int, topology: Top
     for step in range(STEPS):
         for micro in range(scenario.accumulation):
             inputs, targets = micro_batch(step, micro, world_size)
+            model.set_requires_gradient_sync(not scenario.no_sync or micro == scenario.accumulation - 1)
             (model(inputs[rows], targets[rows]) / scenario.accumulation).backward()
         if first_gradients is None:
             first_gradients = _gather_full(model, {f: f.master.grad for f in model.flat_params() if f.requires_grad})

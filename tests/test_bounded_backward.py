@@ -12,11 +12,30 @@ from zeropp.models import GPT, Block, GPTConfig
 EMBED = 256  # blocks large against the activations a few tokens save
 
 
-def backward_extra_bytes(rank, world_size, layers, config_kwargs):
+DEPTH_CASES = {"zero3": {}, "qgz+hpz": {"quantized_gradients": True, "hpz_size": 2}}
+
+
+def all_scenarios(rank, world_size):
+    """Every scenario of this file in the same four processes (one start-up for all)."""
+    topology = Topology.from_environment(ranks_per_node=2)
+    return {
+        "depth": {name: [backward_extra_bytes(topology, rank, layers, options) for layers in (2, 8)]
+                  for name, options in DEPTH_CASES.items()},
+        "three_in_flight": backward_extra_bytes(topology, rank, 4, {"reductions_in_flight": 3}),
+        "concatenation": gathered_bytes_when_gradients_concatenate(topology, rank),
+        "frozen": gathered_units_during_backward(topology, rank, (2, 3)),
+    }
+
+
+@pytest.fixture(scope="module")
+def scenarios():
+    return spawn_ranks(all_scenarios, 4)
+
+
+def backward_extra_bytes(topology, rank, layers, config_kwargs):
     """Live bytes backward adds at its peak above what is alive when it starts, and the
     most reductions in flight at once."""
     torch.manual_seed(0)
-    topology = Topology.from_environment(ranks_per_node=2)
     model_config = GPTConfig(num_layers=layers, num_heads=4, embed_dim=EMBED, block_size=8)
     model = ShardedModel(GPT(model_config), topology, ZeroConfig(**config_kwargs), unit_classes=(Block,))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -36,12 +55,9 @@ def backward_extra_bytes(rank, world_size, layers, config_kwargs):
             "in_flight": model._reductions.peak_in_flight}
 
 
-@pytest.mark.parametrize("config_kwargs", [{}, {"quantized_gradients": True, "hpz_size": 2}],
-                         ids=["zero3", "qgz+hpz"])
-def test_backward_memory_does_not_grow_with_depth(config_kwargs):
-    shallow = spawn_ranks(backward_extra_bytes, 4, (2, config_kwargs))
-    deep = spawn_ranks(backward_extra_bytes, 4, (8, config_kwargs))
-    for small, large in zip(shallow, deep):
+@pytest.mark.parametrize("case", list(DEPTH_CASES))
+def test_backward_memory_does_not_grow_with_depth(scenarios, case):
+    for small, large in (rank["depth"][case] for rank in scenarios):
         growth_per_layer = (large["extra"] - small["extra"]) / 6
         # Keeping every unit's reduction until the end added a full-size gradient and a
         # gloo receive buffer per layer: 1.96 blocks per layer measured. What should grow
@@ -51,16 +67,14 @@ def test_backward_memory_does_not_grow_with_depth(config_kwargs):
         assert large["in_flight"] == 1
 
 
-def test_more_reductions_in_flight_are_allowed_when_asked():
-    results = spawn_ranks(backward_extra_bytes, 4, (4, {"reductions_in_flight": 3}))
-    assert all(result["in_flight"] == 3 for result in results)
+def test_more_reductions_in_flight_are_allowed_when_asked(scenarios):
+    assert all(rank["three_in_flight"]["in_flight"] == 3 for rank in scenarios)
 
 
-def gathered_bytes_when_gradients_concatenate(rank, world_size):
+def gathered_bytes_when_gradients_concatenate(topology, rank):
     """The storage size of each unit's gathered buffer at the moment autograd hands over
     its concatenated gradient."""
     torch.manual_seed(0)
-    topology = Topology.from_environment(ranks_per_node=2)
     model = ShardedModel(GPT(GPTConfig(num_layers=2, num_heads=4, embed_dim=EMBED, block_size=16)), topology,
                          ZeroConfig(), unit_classes=(Block,))
     seen = {}
@@ -72,8 +86,8 @@ def gathered_bytes_when_gradients_concatenate(rank, world_size):
     return seen
 
 
-def test_gathered_values_are_freed_before_their_gradient_is_built():
-    for seen in spawn_ranks(gathered_bytes_when_gradients_concatenate, 4):
+def test_gathered_values_are_freed_before_their_gradient_is_built(scenarios):
+    for seen in (rank["concatenation"] for rank in scenarios):
         assert seen and all(nbytes == 0 for nbytes in seen.values()), seen
 
 
@@ -82,11 +96,10 @@ def test_reductions_in_flight_must_be_positive():
         ZeroConfig(reductions_in_flight=0)
 
 
-def gathered_units_during_backward(rank, world_size, frozen_blocks):
+def gathered_units_during_backward(topology, rank, frozen_blocks):
     """The most non-root units with a gathered flat at any gradient-ready moment of backward,
     for blocks whose attention is frozen (MixZ++ / adapter-style) and whole frozen blocks."""
     torch.manual_seed(0)
-    topology = Topology.from_environment(ranks_per_node=2)
     module = GPT(GPTConfig(num_layers=6, num_heads=4, embed_dim=64, block_size=8))
     for index, block in enumerate(module.blocks):
         (block if index in frozen_blocks else block.attn).requires_grad_(False)
@@ -107,8 +120,8 @@ def gathered_units_during_backward(rank, world_size, frozen_blocks):
     return max(most)
 
 
-def test_frozen_weights_are_freed_once_their_unit_is_differentiated():
+def test_frozen_weights_are_freed_once_their_unit_is_differentiated(scenarios):
     # Without the release every unit's frozen flat stayed gathered to the end of backward
-    # (6 units by then); now the computing unit and the prefetched one.
-    for most in spawn_ranks(gathered_units_during_backward, 4, ((2, 3),)):
+    # (6 units by then, measured); now at most the computing unit and the prefetched one.
+    for most in (rank["frozen"] for rank in scenarios):
         assert most <= 2, most

@@ -28,10 +28,12 @@ FP32 = 4
 OPTIMIZER_TEMPORARIES = 2  # fp32 tensors the size of one parameter piece alive in a per-tensor step (measured)
 
 
-def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation_bytes: int = 0) -> dict[str, dict[str, int]]:
+def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation_bytes: int = 0,
+                     node_accumulation: bool = False) -> dict[str, dict[str, int]]:
     """``{phase: {component: bytes}}`` for this rank; ``"total"`` in each phase sums it.
     ``optimizer_state_bytes_per_value``: 8 for Adam's two fp32 moments, 4 for SGD with
-    momentum, 0 without state."""
+    momentum, 0 without state. ``node_accumulation``: micro-steps under ``no_sync`` keep
+    the node's sums of this rank's slices, fp32 [N, S] per trainable flat, until the last."""
     config = model.active_config
     layout = model.topology.layout
     flats = model.flat_params()
@@ -84,6 +86,9 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
                   + max(receiving(unit) for unit in model.units), "activations": activation_bytes}
     largest_piece = max((piece.parameter.numel() for flat in trainable for piece in flat.local_pieces), default=0)
     step = {**resting, "optimizer_temporaries": OPTIMIZER_TEMPORARIES * largest_piece * FP32}
+    if node_accumulation:
+        node_sums = layout.num_nodes * sum(flat.shard_numel for flat in trainable) * FP32
+        forward["node_sums"] = backward["node_sums"] = node_sums
     phases = {"resting": resting, "forward": forward, "backward": backward, "optimizer_step": step,
               "generation": generation}
     for components in phases.values():

@@ -13,12 +13,14 @@ def flat_summaries(model) -> list[FlatSummary]:
     return [FlatSummary(unit.is_root, flat.requires_grad, flat.shard_numel) for unit in model.units for flat in unit.flats]
 
 
-def predicted_bytes(model) -> dict[str, dict[str, int]]:
-    """The analytic bytes ``model``'s rank receives per step, per phase, intra and inter node."""
+def predicted_bytes(model, accumulation: int = 1, node_accumulation: bool = False) -> dict[str, dict[str, int]]:
+    """The analytic bytes ``model``'s rank receives per optimizer step of ``accumulation``
+    micro-steps, per phase, intra and inter node."""
     flats = flat_summaries(model)
     native = model.communicator.native_reduce_scatter(model.topology.group("world"), model.topology.device)
     backend = "nccl" if native else "gloo"
-    return predicted_step_bytes(flats, model.topology.layout, model.active_config, model.topology.rank, backend)
+    return predicted_step_bytes(flats, model.topology.layout, model.active_config, model.topology.rank, backend,
+                                accumulation, node_accumulation)
 
 
 @torch.no_grad()

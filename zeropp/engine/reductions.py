@@ -49,4 +49,6 @@ class ReductionQueue:
 
     def _finish_oldest(self) -> None:
         flat, pending = self._pending.popleft()
-        flat.accumulate_grad(pending.wait())
+        shard = pending.wait()
+        if shard is not None:  # None: a micro-step without sync kept its sums inside the node
+            flat.accumulate_grad(shard)

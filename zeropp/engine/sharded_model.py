@@ -13,13 +13,11 @@ Lifecycle of a unit in one training step (docs/design.md section 2)::
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import weakref
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.checkpoint import checkpoint
 
 from ..accounting import CommLog
 from ..auto import AutoTuner
@@ -27,12 +25,15 @@ from ..collectives import Communicator
 from ..config import ZeroConfig
 from ..sharding import FlatParam, ShardState
 from ..init import WeightSource
+from ..reduce import QgzReduction
+from ..reduce.node_accumulation import NodeAccumulation
 from ..topology import Topology
 from . import memory_model, metrics, state_dict
 from .checks import check_inputs, check_weight_source, resolve_unit_classes
 from .construction import UnitBuilder
 from .full_parameters import full_parameters
 from .generation import PinnedUnits, generation_mode
+from .hook_helpers import checkpointed, tensors_requiring_grad, watch_optimizer_steps
 from .nonfinite import NonfiniteTracker
 from .frozen_release import FrozenRelease
 from .reductions import ReductionQueue
@@ -73,12 +74,14 @@ class ShardedModel(nn.Module):
         self._backward_order = ExecutionOrder()
         self._in_backward = False
         self._reductions = ReductionQueue(self.config.reductions_in_flight)
+        self._gradient_sync = True
+        self._accumulation: NodeAccumulation | None = None  # made at the first micro-step without sync
         self._frozen_release = FrozenRelease(self.units, self._free_gathered)
         self._nonfinite = NonfiniteTracker()
         self._pinned: PinnedUnits | None = None  # generation mode: units kept gathered
         self._optimizer_stepped = False  # set by any optimizer stepping these parameters
         self._parameter_ids = {id(param) for param in [*self.master_parameters(), *self.parameters()]}
-        _watch_optimizer_steps(self)
+        watch_optimizer_steps(self)
         if self.config.sync_module_states:
             self._broadcast_buffers()
         self._register_hooks()
@@ -93,7 +96,7 @@ class ShardedModel(nn.Module):
             unit.module.register_forward_pre_hook(functools.partial(self._pre_forward, unit))
             unit.module.register_forward_hook(functools.partial(self._post_forward, unit))
             if self.config.activation_checkpointing and not unit.is_root:
-                unit.module.forward = functools.partial(_checkpointed, unit.module.forward)
+                unit.module.forward = functools.partial(checkpointed, unit.module.forward)
             for flat in unit.flats:
                 if flat.requires_grad:
                     flat.full.register_post_accumulate_grad_hook(
@@ -145,15 +148,18 @@ class ShardedModel(nn.Module):
         (see :func:`zeropp.engine.full_parameters.full_parameters`)."""
         return full_parameters(self, writeback, rank0_only)
 
-    def predicted_step_bytes(self) -> dict[str, dict[str, int]]:
-        """The analytic bytes this rank receives per step, per phase, intra and inter node."""
-        return metrics.predicted_bytes(self)
+    def predicted_step_bytes(self, accumulation: int = 1, node_accumulation: bool = False) -> dict[str, dict[str, int]]:
+        """The analytic bytes this rank receives per optimizer step of ``accumulation``
+        micro-steps (the first ``accumulation - 1`` under :meth:`no_sync` with
+        ``node_accumulation``), per phase, intra and inter node."""
+        return metrics.predicted_bytes(self, accumulation, node_accumulation)
 
-    def predicted_memory(self, optimizer_state_bytes_per_value: int = 8, activation_bytes: int = 0) -> dict:
+    def predicted_memory(self, optimizer_state_bytes_per_value: int = 8, activation_bytes: int = 0,
+                         node_accumulation: bool = False) -> dict:
         """This rank's bytes per phase and component (resting, forward, backward, optimizer
         step, generation; see :mod:`zeropp.engine.memory_model`). Adam keeps 8 bytes of
         state per value; give the activations when they matter."""
-        return memory_model.predicted_memory(self, optimizer_state_bytes_per_value, activation_bytes)
+        return memory_model.predicted_memory(self, optimizer_state_bytes_per_value, activation_bytes, node_accumulation)
 
     def weight_quantization_error(self) -> float | None:
         """Relative L2 error of the gathered weights against the fp32 masters (collective);
@@ -228,6 +234,30 @@ class ShardedModel(nn.Module):
     def zero_grad(self, set_to_none: bool = True) -> None:
         for flat in self.flat_params():
             flat.clear_grad()
+        if self._accumulation is not None:
+            self._accumulation.clear()
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
+        """As FSDP2's: False for the micro-steps before the last of an accumulation.
+        Collective (every rank the same). Without sync a unit's gradient is reduced inside
+        the node only, each rank keeping the node's sum of its slice [N, S] fp32 (1/D of
+        the model); the next backward with sync sends those sums across nodes once
+        (docs/design.md section 5.3)."""
+        if not requires_gradient_sync and self._accumulation is None:
+            reduction = self.gradient_reduction
+            self._accumulation = NodeAccumulation(self.topology, self._comm, self.active_config.reduce_torch_dtype,
+                                                  reduction if isinstance(reduction, QgzReduction) else None)
+        self._gradient_sync = bool(requires_gradient_sync)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """``with model.no_sync():`` the backward passes inside accumulate inside the node;
+        the first backward after the block crosses nodes (see :meth:`set_requires_gradient_sync`)."""
+        self.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.set_requires_gradient_sync(True)
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
         """Sharded: ``ShardedTensor`` s of the flattened parameters, this rank's piece local
@@ -336,7 +366,7 @@ class ShardedModel(nn.Module):
 
     def _post_forward(self, unit: Unit, module, args, output):
         if torch.is_grad_enabled():
-            for tensor in _tensors_requiring_grad(output):
+            for tensor in tensors_requiring_grad(output):
                 tensor.register_hook(functools.partial(self._pre_backward, unit))
         if unit.is_root and not self._in_backward:
             self._forward_order.freeze()
@@ -379,7 +409,14 @@ class ShardedModel(nn.Module):
         self._nonfinite.observe(flat.name, grad)
         flat.free_full(self._resting_state(flat))
         self._reductions.make_room()
-        self._reductions.add(flat, self.gradient_reduction.start(grad, flat.name))
+        self._reductions.add(flat, self._start_reduction(flat, grad))
+
+    def _start_reduction(self, flat: FlatParam, grad: torch.Tensor):
+        if not self._gradient_sync:
+            return self._accumulation.start(flat, grad, final=False)
+        if self._accumulation is not None and self._accumulation.holds(flat):
+            return self._accumulation.start(flat, grad, final=True)
+        return self.gradient_reduction.start(grad, flat.name)
 
     def _finish_backward(self) -> None:
         self._reductions.finish_all()
@@ -390,36 +427,3 @@ class ShardedModel(nn.Module):
             self._free(unit)
         self._backward_order.freeze()
         self._in_backward = False
-
-
-def _watch_optimizer_steps(model: ShardedModel) -> None:
-    """After any optimizer's step over ``model``'s parameters, mark its weights changed.
-    The hook holds the model weakly and goes away with it."""
-    reference = weakref.ref(model)
-
-    def after_step(optimizer, args, kwargs) -> None:
-        target = reference()
-        if target is not None and target.owns_parameters_of(optimizer):
-            target._optimizer_stepped = True
-
-    handle = register_optimizer_step_post_hook(after_step)
-    weakref.finalize(model, handle.remove)
-
-
-def _checkpointed(forward, *args, **kwargs):
-    if torch.is_grad_enabled():
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-    return forward(*args, **kwargs)
-
-
-def _tensors_requiring_grad(output) -> list[torch.Tensor]:
-    """Tensors in a (possibly nested) output structure that take part in backward."""
-    if isinstance(output, torch.Tensor):
-        return [output] if output.requires_grad else []
-    if isinstance(output, dict):
-        output = list(output.values())
-    if isinstance(output, (list, tuple)):
-        return [t for item in output for t in _tensors_requiring_grad(item)]
-    if hasattr(output, "__dataclass_fields__"):
-        return _tensors_requiring_grad([getattr(output, name) for name in output.__dataclass_fields__])
-    return []

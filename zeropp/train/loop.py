@@ -36,6 +36,7 @@ class TrainConfig:
     batch_per_rank: int = 8
     seq_len: int = 128
     accumulation: int = 1
+    node_accumulation: bool = True  # micro-steps before the last reduce inside the node only (model.no_sync)
     learning_rate: float = 3e-3
     warmup_steps: int = 30
     weight_decay: float = 0.1
@@ -199,6 +200,7 @@ def _train_step(job: Job, optimizer, config, step, rank, world_size) -> float:
             "train", step * config.accumulation + micro, config.batch_per_rank, config.seq_len, rank, world_size, config.seed
         )
         inputs, targets = inputs.to(device), targets.to(device)
+        model.set_requires_gradient_sync(not config.node_accumulation or micro == config.accumulation - 1)
         loss = job.loss(model, inputs, targets) / config.accumulation
         optimizer.scale_loss(loss).backward()
         total += loss.detach().float()

@@ -78,7 +78,9 @@ def _add_optimization(group) -> None:
     group.add_argument("--lr", type=positive_float, default=3e-3,
                        help="peak AdamW learning rate (warm-up, then cosine decay)")
     group.add_argument("--accumulation", type=positive_int, default=1,
-                       help="micro-steps accumulated per optimizer step")
+                       help="micro-steps accumulated per optimizer step; gradients cross nodes once per step")
+    group.add_argument("--reduce-every-micro-step", action="store_true",
+                       help="with --accumulation: reduce across nodes in every micro-step instead of keeping node sums")
     group.add_argument("--precision", default="fp32", choices=PRECISIONS, help="compute dtype of gathered weights")
     group.add_argument("--reduce-dtype", default=None, choices=PRECISIONS,
                        help="dtype gradients are communicated in (default: the compute dtype)")
