@@ -44,8 +44,10 @@ SGD_SCENARIOS = [
     SgdScenario("sgd_accumulation", accumulation=2),
     SgdScenario("sgd_node_accumulation_2", accumulation=2, no_sync=True),
     SgdScenario("sgd_node_accumulation_4_hpz", accumulation=4, no_sync=True, zero=dict(hpz_size=-1)),
+    # One quantized hop per optimizer step: worst parameter 0.168, norm 0.013 at W = 4 (per
+    # micro-step qgZ: 0.243, 0.024); bounds about twice that.
     SgdScenario("sgd_node_accumulation_2_qgz", accumulation=2, no_sync=True, zero=dict(quantized_gradients=True),
-                tolerance=0.45, norm_tolerance=0.06),
+                tolerance=0.35, norm_tolerance=0.03),
     SgdScenario("sgd_hpz", zero=dict(hpz_size=-1)),
     SgdScenario("sgd_qwz", zero=dict(quantized_weights=True), tolerance=0.05, norm_tolerance=0.005),
     SgdScenario("sgd_qgz", zero=dict(quantized_gradients=True), tolerance=0.45, norm_tolerance=0.06),

@@ -39,14 +39,7 @@ def measure_phases(topology, rank, name):
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
         for _ in range(2):  # measure the second step: caches and copies exist, and old gradients
             tracker.reset_peaks()
-            tracker.mark_phase("forward")
-            loss = model(tokens[:, :-1], tokens[:, 1:])
-            tracker.mark_phase("backward")
-            loss.backward()
-            tracker.mark_phase("optimizer_step")
-            optimizer.step()
-            optimizer.zero_grad()
-            tracker.mark_phase("resting")
+            tracker.training_step(lambda: model(tokens[:, :-1], tokens[:, 1:]), optimizer)
         measured = {phase: tracker.phase_peak_total(phase) for phase in ("forward", "backward", "optimizer_step")}
         measured["resting"] = tracker.current_total()
         tracker.reset_peaks()

@@ -65,6 +65,19 @@ class LiveTensorTracker(TorchDispatchMode):
         self.peak_bytes = defaultdict(int, self.current)
         self.phase_peaks = {}
 
+    def training_step(self, forward, optimizer) -> torch.Tensor:
+        """One training step with its phases marked: ``forward()`` gives the loss, then
+        backward, ``optimizer.step()`` and ``zero_grad()``; the phase is "resting" after."""
+        self.mark_phase("forward")
+        loss = forward()
+        self.mark_phase("backward")
+        loss.backward()
+        self.mark_phase("optimizer_step")
+        optimizer.step()
+        optimizer.zero_grad()
+        self.mark_phase("resting")
+        return loss
+
     def current_total(self) -> int:
         return sum(self.current.values())
 

@@ -94,15 +94,7 @@ def dry_run(run: DryRun, steps: int = 2) -> dict:
             tracker.reset_peaks()
             tracker.host_syncs.clear()
             model.comm_log.reset()
-            for phase, action in (("forward", lambda: model(tokens[:, :-1], tokens[:, 1:])),):
-                tracker.mark_phase(phase)
-                loss = action()
-            tracker.mark_phase("backward")
-            loss.backward()
-            tracker.mark_phase("optimizer_step")
-            optimizer.step()
-            optimizer.zero_grad()
-            tracker.mark_phase("resting")
+            tracker.training_step(lambda: model(tokens[:, :-1], tokens[:, 1:]), optimizer)
     predicted = model.predicted_memory(activation_bytes=0)
     measured = {phase: tracker.phase_peak_total(phase) for phase in ("forward", "backward", "optimizer_step")}
     measured["resting"] = tracker.current_total()

@@ -130,13 +130,7 @@ def _train(model, optimizer, run: MemoryRun, rank: int, tracker) -> list[float]:
     losses = []
     for _ in range(run.steps):
         tokens = torch.randint(0, VOCABULARY, (1, run.tokens), generator=generator)
-        tracker.mark_phase("forward")
-        loss = model(input_ids=tokens, labels=tokens).loss  # the model shifts the labels itself
-        tracker.mark_phase("backward")
-        loss.backward()
-        tracker.mark_phase("optimizer_step")
-        optimizer.step()
-        optimizer.zero_grad()
-        tracker.mark_phase("resting")
+        # The model shifts the labels itself.
+        loss = tracker.training_step(lambda: model(input_ids=tokens, labels=tokens).loss, optimizer)
         losses.append(loss.item())
     return losses
