@@ -244,9 +244,7 @@ class ShardedModel(nn.Module):
         the model); the next backward with sync sends those sums across nodes once
         (docs/design.md section 5.3)."""
         if not requires_gradient_sync and self._accumulation is None:
-            reduction = self.gradient_reduction
-            self._accumulation = NodeAccumulation(self.topology, self._comm, self.active_config.reduce_torch_dtype,
-                                                  reduction if isinstance(reduction, QgzReduction) else None)
+            self._accumulation = NodeAccumulation(self.topology, self._comm, self.active_config.reduce_torch_dtype)
         self._gradient_sync = bool(requires_gradient_sync)
 
     @contextlib.contextmanager
@@ -330,8 +328,7 @@ class ShardedModel(nn.Module):
     def _free(self, unit: Unit) -> None:
         for flat in unit.flats:
             self._finish_gather(flat)  # never free storage under a collective in flight
-            if flat.state is ShardState.GATHERED:
-                flat.free_full(self._resting_state(flat))
+            self._free_gathered(flat)
 
     def _resting_state(self, flat: FlatParam) -> ShardState:
         return ShardState.SECONDARY if self.weight_gather.holds_copy(flat) else ShardState.SHARDED
@@ -412,11 +409,11 @@ class ShardedModel(nn.Module):
         self._reductions.add(flat, self._start_reduction(flat, grad))
 
     def _start_reduction(self, flat: FlatParam, grad: torch.Tensor):
-        if not self._gradient_sync:
-            return self._accumulation.start(flat, grad, final=False)
-        if self._accumulation is not None and self._accumulation.holds(flat):
-            return self._accumulation.start(flat, grad, final=True)
-        return self.gradient_reduction.start(grad, flat.name)
+        reduction = self.gradient_reduction  # the one in force now (auto mode may switch it)
+        if not self._gradient_sync or (self._accumulation is not None and self._accumulation.holds(flat)):
+            quantized_hop = reduction if isinstance(reduction, QgzReduction) else None
+            return self._accumulation.start(flat, grad, final=self._gradient_sync, quantized_hop=quantized_hop)
+        return reduction.start(grad, flat.name)
 
     def _finish_backward(self) -> None:
         self._reductions.finish_all()

@@ -40,15 +40,10 @@ PHASE = "reduce_scatter"
 
 
 class NodeAccumulation:
-    def __init__(self, topology: "Topology", communicator: "Communicator", reduce_dtype: torch.dtype,
-                 quantized_hop: "QgzReduction | None" = None) -> None:
+    def __init__(self, topology: "Topology", communicator: "Communicator", reduce_dtype: torch.dtype) -> None:
         self.topology = topology
         self.comm = communicator
         self.reduce_dtype = reduce_dtype
-        # With qgZ, hop 2 carries its inter-node format (codes and scales per block of each
-        # row) instead of reduce-dtype values; its other options (error feedback, Hadamard,
-        # stochastic rounding) apply to the per-micro-step path only.
-        self.quantized_hop = quantized_hop
         self.buffers: dict[str, torch.Tensor] = {}  # flat name -> this rank's node sums [N, S] fp32
         self.inter_group = topology.side_group("inter_node", "accumulation") if topology.num_nodes > 1 else None
 
@@ -56,10 +51,15 @@ class NodeAccumulation:
         """Whether ``flat`` has node sums from micro-steps without sync."""
         return flat.name in self.buffers
 
-    def start(self, flat: "FlatParam", grad: torch.Tensor, final: bool) -> "NodeReduction":
+    def start(self, flat: "FlatParam", grad: torch.Tensor, final: bool,
+              quantized_hop: "QgzReduction | None" = None) -> "NodeReduction":
         """Hop 1 of ``grad`` [W * S]; with ``final`` hop 2 follows and ``wait()`` gives the
-        mean shard [S] fp32 (and the buffer is released), else ``wait()`` gives None."""
-        return NodeReduction(self, flat, grad, final)
+        mean shard [S] fp32 (and the buffer is released), else ``wait()`` gives None.
+        ``quantized_hop`` (the qgZ reduction in force): hop 2 carries its inter-node format
+        (codes and scales per block of each row) instead of reduce-dtype values; its other
+        options (error feedback, Hadamard, stochastic rounding) apply to the per-micro-step
+        path only."""
+        return NodeReduction(self, flat, grad, final, quantized_hop)
 
     def buffer_for(self, flat: "FlatParam") -> torch.Tensor:
         if flat.name not in self.buffers:
@@ -91,9 +91,11 @@ class NodeReduction:
     """One unit's gradient in flight: hop 1, and hop 2 when final (``progress``/``wait`` as
     every reduction in flight)."""
 
-    def __init__(self, accumulation: NodeAccumulation, flat: "FlatParam", grad: torch.Tensor, final: bool) -> None:
+    def __init__(self, accumulation: NodeAccumulation, flat: "FlatParam", grad: torch.Tensor, final: bool,
+                 quantized_hop: "QgzReduction | None") -> None:
         topology = accumulation.topology
         self.accumulation, self.flat, self.final = accumulation, flat, final
+        self.quantized_hop = quantized_hop
         accumulation.buffer_for(flat)  # from the start: a later micro-step must see it held
         nodes, per_node = topology.num_nodes, topology.ranks_per_node
         rows = grad.to(accumulation.reduce_dtype).view(nodes, per_node, -1).transpose(0, 1).contiguous()  # [D, N, S]
@@ -115,7 +117,7 @@ class NodeReduction:
         if self.accumulation.inter_group is None:
             self.inter = (None, buffer)
             return
-        quantized = self.accumulation.quantized_hop
+        quantized = self.quantized_hop
         if quantized is not None:
             payload = quantized.quantize(buffer, quantized.inter_format)  # [N, packed row bytes]
         else:
@@ -126,7 +128,7 @@ class NodeReduction:
 
     def _rows_received(self, incoming: torch.Tensor) -> torch.Tensor:
         """[N, S] values from what hop 2 brought."""
-        quantized = self.accumulation.quantized_hop
+        quantized = self.quantized_hop
         if quantized is None or self.accumulation.inter_group is None:
             return incoming
         return quantized.dequantize(incoming, quantized.inter_format, self.flat.shard_numel)
