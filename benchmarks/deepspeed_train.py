@@ -19,7 +19,7 @@ import deepspeed
 import torch
 
 from deepspeed_quantizer import install as install_quantizer
-from peer_training import parse_arguments, train_and_report
+from peer_training import Batch, parse_arguments, train_and_report
 from zeropp.models import GPT, GPTConfig
 
 VARIANTS = ("zero3", "zero++", "zero3-small-buckets", "zero++-small-buckets")
@@ -29,7 +29,7 @@ VARIANTS = ("zero3", "zero++", "zero3-small-buckets", "zero++-small-buckets")
 SMALL_REDUCE_BUCKET = 1_000_000
 
 
-def ds_config(variant: str, batch_per_rank: int, precision: str, ranks_per_node: int) -> dict:
+def ds_config(variant: str, batch_per_rank: int, accumulation: int, precision: str, ranks_per_node: int) -> dict:
     zero = {"stage": 3, "overlap_comm": True, "contiguous_gradients": True}
     if variant.endswith("-small-buckets"):
         zero["reduce_bucket_size"] = SMALL_REDUCE_BUCKET
@@ -38,6 +38,7 @@ def ds_config(variant: str, batch_per_rank: int, precision: str, ranks_per_node:
                     zero_quantized_gradients=True)
     return {
         "train_micro_batch_size_per_gpu": batch_per_rank,
+        "gradient_accumulation_steps": accumulation,
         "gradient_clipping": 1.0,
         "bf16": {"enabled": precision == "bf16"},
         "zero_optimization": zero,
@@ -55,14 +56,20 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset(args.model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-    config = ds_config(args.variant, args.batch_per_rank, args.precision, per_node)
+    config = ds_config(args.variant, args.batch_per_rank, args.accumulation, args.precision, per_node)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
 
-    def train_step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = engine(inputs, targets)
-        engine.backward(loss)
-        engine.step()
-        return loss
+    def train_step(micro_batches: list[Batch]) -> torch.Tensor:
+        # DeepSpeed's accumulation: engine.backward scales each loss by 1/accumulation and
+        # reduces in every micro-step (ZeRO-3 has no no_sync); engine.step steps the
+        # optimizer at the boundary only.
+        total = torch.zeros(())
+        for inputs, targets in micro_batches:
+            loss = engine(inputs, targets)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float() / len(micro_batches)
+        return total
 
     train_and_report(args, train_step, lambda: {"stand_in_quantizer_calls": quantizer.calls})
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from peer_training import parse_arguments, train_and_report
+from peer_training import Batch, parse_arguments, train_and_report
 from zeropp.config import parse_dtype
 from zeropp.models import GPT, GPTConfig
 
@@ -56,13 +56,20 @@ def main() -> None:
     shard(model, args.variant, dist.get_world_size(), per_node, parse_dtype("precision", args.precision))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
 
-    def train_step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = model(inputs, targets)
-        loss.backward()
+    def train_step(micro_batches: list[Batch]) -> torch.Tensor:
+        # FSDP2's accumulation: no reduction until the last micro-batch (each rank keeps
+        # its unsharded gradients meanwhile), then one reduce-scatter (and, in HSDP, one
+        # all-reduce across nodes) of the sum.
+        total = torch.zeros(())
+        for index, (inputs, targets) in enumerate(micro_batches):
+            model.set_requires_gradient_sync(index == len(micro_batches) - 1)
+            loss = model(inputs, targets) / len(micro_batches)
+            loss.backward()
+            total += loss.detach().float()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        return loss
+        return total
 
     train_and_report(args, train_step)
 

@@ -16,8 +16,6 @@ import torch.distributed as dist
 
 from zeropp.data import ByteCorpus, load_stdlib_corpus
 
-WARMUP_STEPS = 5  # as `zeropp train`'s summary
-
 
 def parse_arguments(variants: tuple[str, ...]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -26,32 +24,41 @@ def parse_arguments(variants: tuple[str, ...]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--batch-per-rank", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--untimed-steps", type=int, default=5, help="first steps left out of the median (as zeropp train)")
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     parser.add_argument("--out", required=True)
     return parser.parse_args()
 
 
-def train_and_report(args: argparse.Namespace, train_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), each [batch_per_rank, seq_len]
+
+
+def train_and_report(args: argparse.Namespace, train_step: Callable[[list[Batch]], torch.Tensor],
                      extra: Callable[[], dict] = dict) -> None:
-    """Run ``train_step(inputs, targets) -> loss`` for ``args.steps`` steps on this rank's
-    batches; rank 0 writes ``summary.json`` (median step time after warm-up, losses, and
-    whatever ``extra()`` returns), then the world is torn down."""
+    """Run ``train_step(micro_batches) -> mean loss`` (one optimizer step over
+    ``args.accumulation`` micro-batches) for ``args.steps`` steps on this rank's batches, the
+    micro-batches ``zeropp train`` reads; rank 0 writes ``summary.json`` (median step time
+    after the untimed steps, losses, and whatever ``extra()`` returns), then the world is
+    torn down."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     corpus = ByteCorpus(load_stdlib_corpus())
     step_times, losses = [], []
     for step in range(args.steps):
-        inputs, targets = corpus.rank_batch("train", step, args.batch_per_rank, args.seq_len, rank, world_size)
+        micro_batches = [corpus.rank_batch("train", step * args.accumulation + micro, args.batch_per_rank,
+                                           args.seq_len, rank, world_size) for micro in range(args.accumulation)]
         started = time.perf_counter()
-        total = train_step(inputs, targets).detach().float()
+        total = train_step(micro_batches).detach().float()
         dist.all_reduce(total)
         step_times.append(time.perf_counter() - started)
         losses.append(total.item() / world_size)
-    median = statistics.median(step_times[WARMUP_STEPS:])
+    median = statistics.median(step_times[min(args.untimed_steps, len(step_times) - 1):])
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "summary.json").write_text(json.dumps({
             "variant": args.variant, "median_step_s": median,
-            "tokens_per_s": world_size * args.batch_per_rank * args.seq_len / median, "losses": losses, **extra(),
+            "accumulation": args.accumulation,
+            "tokens_per_s": world_size * args.batch_per_rank * args.seq_len * args.accumulation / median, "losses": losses, **extra(),
         }, indent=2))
     dist.barrier()
     dist.destroy_process_group()

@@ -58,7 +58,7 @@ def test_every_subcommand_is_reachable():
     commands = {path for path, _ in _walk(build_parser())}
     for expected in ("zeropp demo", "zeropp train", "zeropp export", "zeropp cluster", "zeropp plan",
                      "zeropp study convergence", "zeropp bench comm", "zeropp bench grad-error",
-                     "zeropp bench throughput", "zeropp bench replan", "zeropp bench sweep", "zeropp bench quant"):
+                     "zeropp bench throughput", "zeropp bench accumulation", "zeropp bench replan", "zeropp bench sweep", "zeropp bench quant"):
         assert expected in commands
 
 
@@ -334,6 +334,36 @@ def test_a_resumed_throughput_benchmark_measures_only_the_missing_runs(tmp_path,
     assert all(len(row[variant]) == 2 for row in report["runs"].values() for variant in row)
     assert report["provenance"] == {"git_commit": "first"} and "resumed_provenance" in report
     assert json.loads((tmp_path / "throughput.json").read_text())["runs"] == report["runs"]
+
+
+def test_accumulation_bench_measures_each_cell_once_per_repetition_and_states_the_target_ratios(tmp_path, monkeypatch):
+    from zeropp_tools.bench import accumulation
+
+    rates = {("none", 8, "zero3"): 1000.0, ("200", 8, "zero++"): 950.0, ("200", 8, "zero++-every-micro-step"): 400.0,
+             ("200", 8, "fsdp2-hsdp"): 500.0}
+    measured = []
+
+    def fake(spec, variant, train_arguments):
+        bandwidth = "none" if spec.bandwidth_mbit is None else f"{spec.bandwidth_mbit:g}"
+        k = int(train_arguments[train_arguments.index("--accumulation") + 1])
+        measured.append((bandwidth, k, variant))
+        return {"tokens_per_s": rates.get((bandwidth, k, variant), 100.0), "node0_link_rx_payload_bytes": 1}
+
+    monkeypatch.setattr(accumulation, "measure", fake)
+    monkeypatch.setattr(accumulation, "measure_peer", fake)
+    variants = ["zero++", "zero++-every-micro-step", "fsdp2-hsdp"]
+    report = {"layout": "2x2", "train_arguments": ["--steps", "2"], "bandwidths": ["200"], "accumulations": [1, 8],
+              "variants": variants, "repetitions": 2, "runs": {"none/8/zero3": [{"tokens_per_s": 1000.0,
+                                                                                "node0_link_rx_payload_bytes": 1}]}}
+    report = accumulation.run(report, tmp_path)
+    # k = 1 has no every-micro-step run (it is node accumulation); the stored run is not repeated.
+    assert ("200", 1, "zero++-every-micro-step") not in measured
+    assert measured.count(("none", 8, "zero3")) == 1 and measured.count(("200", 8, "zero++")) == 2
+    assert len(measured) == 2 * 7 - 1  # limit at k = 1, 8; at 200 Mbit/s two cells at k = 1, three at k = 8
+    entry = accumulation.ratios(report)["200/8"]
+    assert entry["vs_limit"] == pytest.approx(0.95) and entry["vs_every_micro_step"] == pytest.approx(2.375)
+    assert entry["vs_fsdp2-hsdp"] == pytest.approx(1.9)
+    assert accumulation.ratios(report)["200/1"]["vs_every_micro_step"] == pytest.approx(1.0)
 
 
 def test_replan_recovery_counts_medians_of_five_steps_not_one_noisy_step():

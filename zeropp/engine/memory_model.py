@@ -22,6 +22,7 @@ Activations depend on the model and batch: the caller gives them (0 by default).
 
 from __future__ import annotations
 
+from ..reduce import node_accumulation as node_reduction
 from ..sharding import FlatParam
 
 FP32 = 4
@@ -33,7 +34,8 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
     """``{phase: {component: bytes}}`` for this rank; ``"total"`` in each phase sums it.
     ``optimizer_state_bytes_per_value``: 8 for Adam's two fp32 moments, 4 for SGD with
     momentum, 0 without state. ``node_accumulation``: micro-steps under ``no_sync`` keep
-    the node's sums of this rank's slices, fp32 [N, S] per trainable flat, until the last."""
+    the node's sums of this rank's slices, fp32 [N, S] per trainable flat, until the last,
+    and reduce through the node's hop (``zeropp/reduce/node_accumulation.py``)."""
     config = model.active_config
     layout = model.topology.layout
     flats = model.flat_params()
@@ -54,7 +56,10 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
     backend = "nccl" if model.communicator.native_reduce_scatter(world, model.topology.device) else "gloo"
 
     def reducing(flat: FlatParam) -> int:
-        return model.gradient_reduction.held_bytes(flat.shard_numel, layout, backend)
+        reduction = model.gradient_reduction
+        if node_accumulation:  # every micro-step's hop 1 goes in the reduce dtype, qgZ or not
+            return node_reduction.held_bytes(flat.shard_numel, layout, config.reduce_torch_dtype)
+        return reduction.held_bytes(flat.shard_numel, layout, backend)
 
     resting = {
         "masters": sum(flat.shard_numel for flat in flats) * FP32,

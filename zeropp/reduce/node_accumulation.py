@@ -87,6 +87,13 @@ def predicted_bytes(shard_numel: int, layout: "Layout", rank: int, micro_steps: 
     return total
 
 
+def held_bytes(shard_numel: int, layout: "Layout", reduce_dtype: torch.dtype) -> int:
+    """Bytes one reduction in flight holds at most: hop 1's rows sent and received [D, N, S]
+    in the reduce dtype (qgZ does not quantize hop 1). Hop 2 starts once they are released
+    and sends the node sums themselves (counted apart) or their qgZ codes, receiving as much."""
+    return 2 * layout.world_size * shard_numel * reduce_dtype.itemsize
+
+
 class NodeReduction:
     """One unit's gradient in flight: hop 1, and hop 2 when final (``progress``/``wait`` as
     every reduction in flight)."""

@@ -37,6 +37,7 @@ class TrainConfig:
     seq_len: int = 128
     accumulation: int = 1
     node_accumulation: bool = True  # micro-steps before the last reduce inside the node only (model.no_sync)
+    untimed_steps: int = 5  # first steps left out of the summary's median step time (allocation, caches, hpZ copy)
     learning_rate: float = 3e-3
     warmup_steps: int = 30
     weight_decay: float = 0.1
@@ -63,6 +64,8 @@ class TrainConfig:
         for name in ("steps", "batch_per_rank", "seq_len", "accumulation", "eval_every", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.untimed_steps < 0:
+            raise ValueError(f"untimed_steps must be >= 0, got {self.untimed_steps}")
         if self.on_save_error not in SAVE_ERROR_POLICIES:
             raise ValueError(f"on_save_error={self.on_save_error!r}; allowed values: {list(SAVE_ERROR_POLICIES)}")
         if self.hf_model is None and self.seq_len > GPTConfig.preset(self.model_size).block_size:
@@ -132,7 +135,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     finally:
         if metrics:
             metrics.close()
-    timed = step_times[min(5, len(step_times) - 1):]
+    untimed = min(config.untimed_steps, len(step_times) - 1)
+    timed = step_times[untimed:]
     validation = record["validation_loss"] if "validation_loss" in record else evaluate(job, config, rank, world_size)
     if config.export_dir:
         job.export(config.export_dir)
@@ -146,7 +150,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
         "validation_loss": validation,
         "tokens_per_s": tokens_per_step / statistics.median(timed) if timed else None,
         "median_step_s": statistics.median(timed) if timed else None,
-        "median_exposed_comm_s": statistics.median(exposed[min(5, len(exposed) - 1):]) if exposed else None,
+        "median_exposed_comm_s": statistics.median(exposed[untimed:]) if exposed else None,
         "comm_per_step": comm_table,
         "losses": losses,
         "comm_total_by_rank": lifetime,

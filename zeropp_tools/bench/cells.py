@@ -21,6 +21,7 @@ are auto mode's candidates'. Any of them may carry suffixes from ``SUFFIXES``, e
 SUFFIXES = {
     "+compiled": ["--compile-quantization"],  # quantization kernels through torch.compile
     "+prefetch2": ["--prefetch-units", "2"],  # two units' gathers in flight
+    "-every-micro-step": ["--reduce-every-micro-step"],  # accumulation reducing across nodes in each micro-step
 }
 
 

@@ -122,6 +122,8 @@ def _run_bench(arguments) -> int:
         from zeropp_tools.bench import comm as benchmark
     elif arguments.bench == "throughput":
         from zeropp_tools.bench import throughput as benchmark
+    elif arguments.bench == "accumulation":
+        from zeropp_tools.bench import accumulation as benchmark
     elif arguments.bench == "grad-error":
         from zeropp_tools.bench import gradient_error as benchmark
     elif arguments.bench == "faults":

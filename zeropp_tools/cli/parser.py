@@ -177,6 +177,7 @@ def _add_bench(commands) -> None:
                             help="training steps whose gradients are measured")
     grad_error.add_argument("--out", default="runs/bench/gradient_error.json", help="JSON file for the report")
     _add_bench_throughput(bench)
+    _add_bench_accumulation(bench)
     _add_bench_replan(bench)
     _add_bench_sweep(bench)
     rlhf = _subcommand(bench, "rlhf", "PPO iterations on the emulated cluster: ZeRO-3 per-token, ZeRO-3 pinned, "
@@ -228,6 +229,21 @@ def _add_bench_throughput(bench) -> None:
                             help="rebuild the report from the finished runs in --out (after a benchmark stopped early)")
     throughput.add_argument("--resume", action="store_true",
                             help="measure only the runs a stopped benchmark in --out left, with its settings")
+
+
+def _add_bench_accumulation(bench) -> None:
+    accumulation = _subcommand(bench, "accumulation", "tokens/s against micro-batches per optimizer step: node "
+                               "accumulation, reducing every micro-step, DeepSpeed, FSDP2 HSDP, the unshaped limit")
+    accumulation.add_argument("--bandwidths", default="200,50", help="comma-separated Mbit/s per node link")
+    accumulation.add_argument("--accumulations", default="1,4,8", help="comma-separated micro-batches per step (k)")
+    accumulation.add_argument("--variants", default="zero++,zero++-every-micro-step,deepspeed-zero++,fsdp2-hsdp",
+                              help="comma-separated variants at each shaped bandwidth (ZeRO-3 unshaped is always run)")
+    accumulation.add_argument("--repetitions", type=positive_int, default=3, help="runs of each cell, rotated order")
+    accumulation.add_argument("--steps", type=positive_int, default=6, help="optimizer steps per run")
+    accumulation.add_argument("--untimed-steps", type=int, default=2, help="first steps left out of the median")
+    accumulation.add_argument("--resume", action="store_true", help="measure what a stopped run in --out left")
+    accumulation.add_argument("--report-only", action="store_true", help="rebuild the report from --out's JSON")
+    _add_cluster_run(accumulation, "runs/bench/accumulation")
 
 
 def _add_cluster_run(parser, out: str, batch_per_rank: bool = True) -> None:

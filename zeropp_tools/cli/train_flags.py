@@ -81,6 +81,8 @@ def _add_optimization(group) -> None:
                        help="micro-steps accumulated per optimizer step; gradients cross nodes once per step")
     group.add_argument("--reduce-every-micro-step", action="store_true",
                        help="with --accumulation: reduce across nodes in every micro-step instead of keeping node sums")
+    group.add_argument("--untimed-steps", type=int, default=5,
+                       help="first steps left out of the summary's median step time and tokens/s")
     group.add_argument("--precision", default="fp32", choices=PRECISIONS, help="compute dtype of gathered weights")
     group.add_argument("--reduce-dtype", default=None, choices=PRECISIONS,
                        help="dtype gradients are communicated in (default: the compute dtype)")

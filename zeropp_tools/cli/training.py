@@ -54,7 +54,7 @@ def training_config(arguments, explicit: set[str], ranks_per_node: int | None) -
         seed=arguments.seed,
         batch_per_rank=training.get("train_micro_batch_size_per_gpu", arguments.batch_per_rank),
         accumulation=training.get("gradient_accumulation_steps", arguments.accumulation),
-        node_accumulation=not arguments.reduce_every_micro_step,
+        node_accumulation=not arguments.reduce_every_micro_step, untimed_steps=arguments.untimed_steps,
         clip=training.get("gradient_clipping", 1.0),
         ranks_per_node=ranks_per_node, metrics_path=str(Path(arguments.out) / "metrics.jsonl"), zero=zero,
         checkpoint_dir=arguments.checkpoint_dir, checkpoint_every=arguments.checkpoint_every, resume=arguments.resume,

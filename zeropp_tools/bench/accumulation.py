@@ -1,0 +1,222 @@
+"""``zeropp bench accumulation``: tokens/s per optimizer step against the number of
+accumulated micro-batches k, on an emulated cluster whose inter-node links are shaped.
+
+    zeropp bench accumulation                       # 2 x 2, GPT medium, 200 and 50 Mbit/s, k = 1, 4, 8
+
+Compared in each (bandwidth, k) cell: zeropp ZeRO++ with node accumulation (micro-steps
+1..k-1 reduce inside the node, the last one crosses nodes once), the same reducing across
+nodes in every micro-step (``-every-micro-step``), the peers at their best set-up on this
+cluster in the throughput benchmark (DeepSpeed ZeRO++ with ``gradient_accumulation_steps``
+k, which reduces in every micro-step; FSDP2 HSDP with ``set_requires_gradient_sync(False)``
+on the first k-1 micro-steps), and the compute-bound limit: ZeRO-3 on an unshaped link
+with the same k. Every cell runs ``--repetitions`` times, each repetition in a rotated
+order; the JSON is rewritten after each run (``--resume`` measures what a stopped run left).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from pathlib import Path
+
+from zeropp_tools.bench.cells import PEERS, is_variant, measure, measure_peer
+from zeropp_tools.bench.provenance import chosen_precision, provenance
+from zeropp_tools.cluster import ClusterSpec
+
+logger = logging.getLogger(__name__)
+
+NODE_ACCUMULATION = "zero++"
+EVERY_MICRO_STEP = "zero++-every-micro-step"
+LIMIT = "zero3"  # on the unshaped link
+UNSHAPED = "none"
+
+
+def _bandwidth(text: str) -> float | None:
+    return None if text == UNSHAPED else float(text)
+
+
+def _cells(bandwidths: list[str], accumulations: list[int], variants: list[str]) -> list[tuple[str, int, str]]:
+    """(bandwidth, k, variant) of every measurement: the variants at each shaped bandwidth,
+    the limit unshaped. With k = 1 node accumulation and reducing every micro-step are the
+    same run, so only the first is measured."""
+    cells = [(UNSHAPED, k, LIMIT) for k in accumulations]
+    for bandwidth in bandwidths:
+        for k in accumulations:
+            cells += [(bandwidth, k, variant) for variant in variants if not (k == 1 and variant == EVERY_MICRO_STEP)]
+    return cells
+
+
+def _key(bandwidth: str, k: int, variant: str) -> str:
+    return f"{bandwidth}/{k}/{variant}"
+
+
+def run(report: dict, out: Path) -> dict:
+    """Measures every cell ``report['repetitions']`` times in rotated order, skipping runs
+    already in ``report['runs']``; a failed run is recorded with its error."""
+    cells = _cells(report["bandwidths"], report["accumulations"], report["variants"])
+    runs = report.setdefault("runs", {})
+    repetitions = report["repetitions"]
+    nodes, ranks_per_node = (int(text) for text in report["layout"].split("x"))
+    for repetition in range(repetitions):
+        shift = repetition * len(cells) // repetitions
+        for bandwidth, k, variant in cells[shift:] + cells[:shift]:
+            measured_so_far = runs.setdefault(_key(bandwidth, k, variant), [])
+            if len(measured_so_far) > repetition:
+                continue
+            spec = ClusterSpec(nodes, ranks_per_node, _bandwidth(bandwidth))
+            arguments = [*report["train_arguments"], "--accumulation", str(k)]
+            try:
+                measured = (measure_peer if variant in PEERS else measure)(spec, variant, arguments)
+            except RuntimeError as error:
+                measured = {"error": str(error)}
+            measured_so_far.append(measured)
+            logger.info("%9s Mbit/s k=%d %-24s %s (repetition %d/%d)", bandwidth, k, variant,
+                        f"{measured['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in measured else "FAILED",
+                        repetition + 1, repetitions)
+            report["results"] = summarize(runs)
+            (out / "accumulation.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def summarize(runs: dict) -> dict:
+    """Per cell: the median tokens/s of its runs, their spread, and node 0's link bytes."""
+    results = {}
+    for key, measured in runs.items():
+        good = [run for run in measured if "tokens_per_s" in run]
+        if not good:
+            results[key] = {"error": measured[-1]["error"] if measured else "not run"}
+            continue
+        rates = sorted(run["tokens_per_s"] for run in good)
+        results[key] = {"tokens_per_s": statistics.median(rates), "tokens_per_s_runs": rates,
+                        "node0_link_rx_payload_bytes": statistics.median(run["node0_link_rx_payload_bytes"] for run in good)}
+    return results
+
+
+def ratios(report: dict) -> dict:
+    """Per bandwidth and k, the ratios the targets are stated in (medians of one run)."""
+    results = report["results"]
+    table = {}
+    for bandwidth in report["bandwidths"]:
+        for k in report["accumulations"]:
+            rate = {variant: results.get(_key(bandwidth, k, variant), {}).get("tokens_per_s")
+                    for variant in report["variants"]}
+            if k == 1:
+                rate[EVERY_MICRO_STEP] = rate.get(NODE_ACCUMULATION)
+            limit = results.get(_key(UNSHAPED, k, LIMIT), {}).get("tokens_per_s")
+            ours = rate.get(NODE_ACCUMULATION)
+            if not ours:
+                continue
+            entry = {}
+            if limit:
+                entry["vs_limit"] = ours / limit
+            if rate.get(EVERY_MICRO_STEP):
+                entry["vs_every_micro_step"] = ours / rate[EVERY_MICRO_STEP]
+            for variant, value in rate.items():
+                if variant in PEERS and value:
+                    entry[f"vs_{variant}"] = ours / value
+            table[f"{bandwidth}/{k}"] = entry
+    return table
+
+
+def markdown(report: dict) -> str:
+    variants = [*report["variants"], f"{LIMIT} unshaped (limit)"]
+    lines = []
+    for bandwidth in report["bandwidths"]:
+        lines += [f"**{bandwidth} Mbit/s**, tokens/s per optimizer step, median [min-max]:", "",
+                  "| k | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+        for k in report["accumulations"]:
+            cells = []
+            for variant in variants:
+                key = (_key(UNSHAPED, k, LIMIT) if variant.startswith(f"{LIMIT} unshaped")
+                       else _key(bandwidth, k, NODE_ACCUMULATION if k == 1 and variant == EVERY_MICRO_STEP else variant))
+                cell = report["results"].get(key, {"error": "not run"})
+                if "error" in cell:
+                    cells.append("failed")
+                    continue
+                runs = cell["tokens_per_s_runs"]
+                cells.append(f"{cell['tokens_per_s']:,.0f} [{runs[0]:,.0f}-{runs[-1]:,.0f}]")
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append("Node accumulation (zero++) against each, per bandwidth/k:")
+    for cell, entry in report.get("ratios", {}).items():
+        lines.append(f"- {cell}: " + ", ".join(f"{name} {value:.2f}x" for name, value in entry.items()))
+    return "\n".join(lines)
+
+
+def header(report: dict) -> str:
+    source, machine = report["provenance"], report["provenance"]["machine"]
+    return (f"`zeropp bench accumulation`, layout {report['layout']}, {' '.join(report['train_arguments'])} "
+            f"({report['precision']['why']}), k = {report['accumulations']}; median of {report['repetitions']} "
+            f"interleaved runs per cell; commit {source['git_commit']}, {machine['cpu_model']} ({machine['cores']} "
+            f"cores, {', '.join(machine['cpu_flags'])}), torch {source['torch']}.\n\n")
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bandwidths, ks = report["bandwidths"], report["accumulations"]
+    figure, axes = plt.subplots(1, len(bandwidths), figsize=(5 * len(bandwidths), 4), sharey=True, squeeze=False)
+    for axis, bandwidth in zip(axes[0], bandwidths):
+        lines = [(variant, bandwidth) for variant in report["variants"]] + [(LIMIT, UNSHAPED)]
+        for variant, where in lines:
+            points = []
+            for k in ks:
+                name = NODE_ACCUMULATION if k == 1 and variant == EVERY_MICRO_STEP else variant
+                cell = report["results"].get(_key(where, k, name), {})
+                if "tokens_per_s" in cell:
+                    points.append((k, cell["tokens_per_s"]))
+            if points:
+                label = f"{LIMIT} unshaped (limit)" if where == UNSHAPED else variant
+                style = "k:" if where == UNSHAPED else ("o-" if is_variant(variant) else "s--")
+                axis.plot(*zip(*points), style, label=label)
+        axis.set_title(f"{bandwidth} Mbit/s between nodes")
+        axis.set_xlabel("micro-batches per optimizer step (k)")
+        axis.set_xticks(ks)
+    axes[0][0].set_ylabel("tokens/s")
+    axes[0][-1].legend(fontsize=8)
+    figure.suptitle(f"Gradient accumulation on an emulated {report['layout']} cluster")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(args) -> int:
+    out = Path(args.out)
+    if args.resume or args.report_only:
+        report = json.loads((out / "accumulation.json").read_text())
+        report.setdefault("resumed_provenance", []).append(provenance())
+        if args.resume:
+            report = run(report, out)
+        return _write_report(report, out)
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if not is_variant(v) and v not in PEERS]
+    if unknown:
+        raise ValueError(f"--variants: unknown {unknown}; allowed: zeropp's variants (with suffixes) and {list(PEERS)}")
+    accumulations = [int(text) for text in args.accumulations.split(",")]
+    if any(k < 1 for k in accumulations):
+        raise ValueError(f"--accumulations must be positive integers, got {args.accumulations!r}")
+    precision, why = chosen_precision(args.precision)
+    train_arguments = ["--model", args.model, "--steps", str(args.steps), "--untimed-steps", str(args.untimed_steps),
+                       "--batch-per-rank", str(args.batch_per_rank), "--seq-len", str(args.seq_len),
+                       "--precision", precision]
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"layout": f"{args.nodes}x{args.ranks_per_node}", "train_arguments": train_arguments,
+              "precision": {"compute_dtype": precision, "why": why}, "bandwidths": args.bandwidths.split(","),
+              "accumulations": accumulations, "variants": variants, "repetitions": args.repetitions,
+              "provenance": provenance()}
+    logger.info("%s", header(report).strip())
+    return _write_report(run(report, out), out)
+
+
+def _write_report(report: dict, out: Path) -> int:
+    report["results"] = summarize(report["runs"])
+    report["ratios"] = ratios(report)
+    (out / "accumulation.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "accumulation.md").write_text(header(report) + markdown(report) + "\n")
+    plot(report, out / "accumulation.png")
+    logger.info("\n%s", markdown(report))
+    logger.info("wrote %s/accumulation.json, accumulation.md, accumulation.png", out)
+    return 0
