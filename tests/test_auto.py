@@ -3,6 +3,7 @@ whose link is scripted to change (the emulated-cluster figures are ``zeropp benc
 The tuner driven by hand on a scripted clock is in test_auto_tuner.py."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,10 +11,10 @@ import torch
 from parity import train_step
 from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
 from zeropp.accounting import FlatSummary
-from zeropp.auto import LinkSpeeds, candidates
+from zeropp.auto import Accumulation, LinkSpeeds, candidates
 from zeropp.auto.step_model import link_time, step_seconds
 from zeropp.auto.candidates import scheme
-from zeropp.auto.planning import Measurement, Workload, plan_next
+from zeropp.auto.planning import Measurement, Workload, candidate_link_time, plan_next
 from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
 from zeropp.topology import Layout
@@ -49,6 +50,22 @@ def test_a_candidate_that_cannot_win_is_never_tried():
     assert plan.trial == "zero++-two-hop"  # to confirm: nothing else can beat it
     for name in ("zero3", "hpz", "qwz", "qgz"):
         assert plan.estimates[name][1] is None and plan.estimates[name][0] > 1.3
+
+
+def test_candidates_are_ranked_by_the_bytes_of_an_optimizer_step_of_k_micro_steps():
+    def inter_node_bytes(name, accumulation):
+        return candidate_link_time(replace(WORK, accumulation=accumulation), CHOICES[name], _mbit(50)).inter_node_bytes
+
+    once, node_accumulation, every_micro_step = Accumulation(), Accumulation(8, True), Accumulation(8)
+    for name in CHOICES:  # reducing in every micro-step: eight micro-steps' weights and gradients without hpZ
+        expected = 8 * inter_node_bytes(name, once)
+        assert (inter_node_bytes(name, every_micro_step) == expected) == (name in ("zero3", "qwz", "qgz", "qwz+qgz"))
+    for name in ("zero++", "zero++-two-hop"):  # hpZ's copy and node sums: what one micro-step sends
+        assert inter_node_bytes(name, node_accumulation) == inter_node_bytes(name, once)
+    # Without hpZ the weights cross nodes in every micro-step: at k = 1 qwZ + qgZ sends
+    # fewer bytes than hpZ, at k = 8 with node accumulation many more.
+    assert inter_node_bytes("qwz+qgz", once) < inter_node_bytes("hpz", once)
+    assert inter_node_bytes("qwz+qgz", node_accumulation) > 4 * inter_node_bytes("hpz", node_accumulation)
 
 
 def test_zero3_compute_does_not_bound_the_quantized_candidates():

@@ -6,7 +6,7 @@ import torch
 
 from test_auto import CHOICES, FLATS, ScriptedProbe, _mbit
 from zeropp import ZeroConfig
-from zeropp.auto import LinkSpeeds
+from zeropp.auto import Accumulation, LinkSpeeds
 from zeropp.auto.planning import CONFIRM_SAMPLES
 from zeropp.auto.tuner import AutoState
 from zeropp.topology import Layout
@@ -34,6 +34,30 @@ def _tuner_on_a_clock(monkeypatch):
     tuner = tuner_module.AutoTuner(ZeroConfig(auto=True, auto_probe_every=3), stand_in, stand_in)
     tuner.probe = ScriptedProbe([200])
     return tuner, clock
+
+
+def test_auto_mode_is_told_the_micro_steps_of_the_optimizer_step_that_ended():
+    from zeropp.engine.strategies import Strategies
+
+    stand_in = _OneRank()
+    strategies = Strategies(ZeroConfig(auto=True), stand_in, stand_in)
+
+    class Recording:
+        state, told = None, []
+
+        def before_step(self, flats, accumulation):
+            self.state = AutoState.TRIAL
+            self.told.append(accumulation)
+            return False
+
+    strategies.auto = Recording()
+    strategies.tune(FLATS, optimizer_stepped=False, node_accumulation=False)  # the first forward of all
+    for micro_steps, stepped in ((4, True), (2, True), (1, True)):
+        for forward in range(micro_steps):
+            strategies.tune(FLATS, optimizer_stepped=stepped and forward == 0, node_accumulation=True)
+    strategies.tune(FLATS, optimizer_stepped=True, node_accumulation=True)
+    assert strategies.auto.told == [Accumulation(), Accumulation(1, True), Accumulation(4, True),
+                                    Accumulation(2, True), Accumulation(1, True)]
 
 
 def test_a_lucky_trial_step_is_not_chosen(monkeypatch):

@@ -9,7 +9,10 @@ from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
 
 MICRO_STEPS = (1, 2, 4, 8)
-CONFIGS = {"zero3": {}, "zero++": dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)}
+# hpZ alone is the exact node-local copy of the weights: kept from an optimizer step's
+# first forward to its end, it serves every later gather inside the node.
+CONFIGS = {"zero3": {}, "hpz": dict(hpz_size=2),
+           "zero++": dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)}
 
 
 def bytes_per_optimizer_step(rank, world_size):
@@ -58,6 +61,10 @@ def test_bytes_match_the_prediction_and_cross_nodes_once(measured, name):
         # all-to-all over the world, (W - D) shards from other nodes where the node sums
         # bring N - 1).
         assert len({inter_node_gradients[k] for k in MICRO_STEPS if k > 1}) == 1, inter_node_gradients
+        if "hpz_size" in CONFIGS[name]:  # the weights too: everything crosses nodes once per optimizer step
+            inter_node = {k: sum(row["received_inter_node"] for row in rank_results[name, k][0].values())
+                          for k in MICRO_STEPS if k > 1}
+            assert len(set(inter_node.values())) == 1, inter_node
         assert inter_node_gradients[2] <= inter_node_gradients[1], inter_node_gradients
         assert rank_results[name, "cleared"]
         held, predicted = rank_results[name, "node_sums"]
@@ -72,6 +79,7 @@ EXACT_MICRO_STEPS = (1, 2, 4)
 # (the per-micro-step path as well), against 4e-7 under SGD.
 PARAMETER_TOLERANCE = {"sgd": 1e-5, "adamw": 1e-4}
 EXACT_STEPS = 3
+HPZ_MICRO_STEPS = 4
 
 
 def exact_runs(rank, world_size, ranks_per_node):
@@ -84,26 +92,27 @@ def exact_runs(rank, world_size, ranks_per_node):
     topology = Topology.from_environment(ranks_per_node=ranks_per_node)
     rows = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
     results = {}
-    for name, make_optimizer in OPTIMIZERS.items():
-        for micro_steps in EXACT_MICRO_STEPS:
-            model = ShardedModel(build_model(), topology, ZeroConfig(), unit_classes=(Block,))
-            optimizer = make_optimizer(model.parameters())
-            losses = []
-            for step in range(EXACT_STEPS):
-                total = torch.zeros(())
-                for micro in range(micro_steps):
-                    inputs, targets = micro_batch(step, micro, world_size)
-                    model.set_requires_gradient_sync(micro == micro_steps - 1)
-                    loss = model(inputs[rows], targets[rows]) / micro_steps
-                    loss.backward()
-                    total += loss.detach()
-                optimizer.step()
-                optimizer.zero_grad()
-                dist.all_reduce(total)
-                losses.append(total.item() / world_size)
-            with model.full_parameters(writeback=False):
-                parameters = {name_: p.detach().clone() for name_, p in model.module.named_parameters()}
-            results[name, micro_steps] = (losses, parameters)
+    runs = [(name, micro_steps, ZeroConfig()) for name in OPTIMIZERS for micro_steps in EXACT_MICRO_STEPS]
+    runs.append(("sgd", HPZ_MICRO_STEPS, ZeroConfig(hpz_size=ranks_per_node)))  # hpZ's copy gathers exact weights
+    for name, micro_steps, config in runs:
+        model = ShardedModel(build_model(), topology, config, unit_classes=(Block,))
+        optimizer = OPTIMIZERS[name](model.parameters())
+        losses = []
+        for step in range(EXACT_STEPS):
+            total = torch.zeros(())
+            for micro in range(micro_steps):
+                inputs, targets = micro_batch(step, micro, world_size)
+                model.set_requires_gradient_sync(micro == micro_steps - 1)
+                loss = model(inputs[rows], targets[rows]) / micro_steps
+                loss.backward()
+                total += loss.detach()
+            optimizer.step()
+            optimizer.zero_grad()
+            dist.all_reduce(total)
+            losses.append(total.item() / world_size)
+        with model.full_parameters(writeback=False):
+            parameters = {name_: p.detach().clone() for name_, p in model.module.named_parameters()}
+        results[name, micro_steps, config.hpz_size > 1] = (losses, parameters)
     return results
 
 
@@ -128,22 +137,22 @@ def reference(name: str, micro_steps: int, world_size: int):
 @pytest.mark.parametrize("world_size,ranks_per_node", [(4, 2), (8, 4)], ids=["2x2", "2x4"])
 def test_the_exact_path_matches_one_process_accumulating_the_same_micro_batches(world_size, ranks_per_node):
     sharded = spawn_ranks(exact_runs, world_size, (ranks_per_node,))[0]
-    for name in OPTIMIZERS:
-        for micro_steps in EXACT_MICRO_STEPS:
-            losses, parameters = sharded[name, micro_steps]
-            expected_losses, expected_parameters = reference(name, micro_steps, world_size)
-            for got, want in zip(losses, expected_losses):
-                assert abs(got - want) <= 1e-5 * abs(want), (name, micro_steps, losses, expected_losses)
-            bad = {}
-            for parameter, want in expected_parameters.items():
-                got = parameters[parameter]
-                if name == "adamw" and parameter.endswith("qkv.bias"):
-                    # The key bias adds q . b_k to every score of a query, which softmax
-                    # ignores: its gradient is zero up to rounding, and Adam divides it by
-                    # its own rounding-sized scale. Compared without it (any path differs there).
-                    third = want.numel() // 3
-                    got, want = torch.cat([got[:third], got[2 * third:]]), torch.cat([want[:third], want[2 * third:]])
-                error = (got - want).norm() / want.norm()
-                if error > PARAMETER_TOLERANCE[name]:
-                    bad[parameter] = error.item()
-            assert not bad, (name, micro_steps, bad)
+    assert ("sgd", HPZ_MICRO_STEPS, True) in sharded
+    for name, micro_steps, hpz in sharded:
+        losses, parameters = sharded[name, micro_steps, hpz]
+        expected_losses, expected_parameters = reference(name, micro_steps, world_size)
+        for got, want in zip(losses, expected_losses):
+            assert abs(got - want) <= 1e-5 * abs(want), (name, micro_steps, losses, expected_losses)
+        bad = {}
+        for parameter, want in expected_parameters.items():
+            got = parameters[parameter]
+            if name == "adamw" and parameter.endswith("qkv.bias"):
+                # The key bias adds q . b_k to every score of a query, which softmax
+                # ignores: its gradient is zero up to rounding, and Adam divides it by
+                # its own rounding-sized scale. Compared without it (any path differs there).
+                third = want.numel() // 3
+                got, want = torch.cat([got[:third], got[2 * third:]]), torch.cat([want[:third], want[2 * third:]])
+            error = (got - want).norm() / want.norm()
+            if error > PARAMETER_TOLERANCE[name]:
+                bad[parameter] = error.item()
+        assert not bad, (name, micro_steps, hpz, bad)

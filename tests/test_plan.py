@@ -1,7 +1,10 @@
 """The planner: its byte counts are the tested analytic volume, and its advice is sane."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from zeropp.config import ZeroConfig
 from zeropp_tools.plan import ClusterModel, compare, gpt_work, paper_predictions, predict, recommend
@@ -56,3 +59,17 @@ def test_planner_within_25_percent_of_the_stored_emulated_runs():
     assert len(rows) >= 6
     worst = max(rows, key=lambda row: abs(row["error_percent"]))
     assert abs(worst["error_percent"]) <= 25, worst
+
+
+def test_accumulation_spreads_one_crossing_of_the_gradients_over_k_micro_steps():
+    one = gpt_work("small", 256, 5e9)
+    eight = replace(one, accumulation=8)
+    slow = ClusterModel(2, 2, 10e6 / 8)  # link-bound at k = 1
+    _, per_micro_step = recommend(one, slow)
+    best, per_eight = recommend(eight, slow)
+    assert per_eight["zero++"]["compute_s"] == pytest.approx(8 * per_micro_step["zero++"]["compute_s"])
+    # hpZ's copy and the node sums: an optimizer step of eight crosses nodes as one of one does
+    assert per_eight["zero++"]["inter_node_bytes_per_step"] == per_micro_step["zero++"]["inter_node_bytes_per_step"]
+    assert per_eight["zero++"]["tokens_per_s"] > 3 * per_micro_step["zero++"]["tokens_per_s"]
+    assert per_eight["zero3"]["inter_node_bytes_per_step"] > 4 * per_micro_step["zero3"]["inter_node_bytes_per_step"]
+    assert best in ("zero++", "zero++-two-hop")

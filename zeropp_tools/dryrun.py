@@ -107,7 +107,8 @@ def dry_run(run: DryRun, steps: int = 2) -> dict:
     }
 
 
-def predicted_memory_of(gpt: GPTConfig, nodes: int, ranks_per_node: int, config: ZeroConfig) -> dict:
+def predicted_memory_of(gpt: GPTConfig, nodes: int, ranks_per_node: int, config: ZeroConfig,
+                        node_accumulation: bool = False) -> dict:
     """The memory model for the built-in GPT ``gpt`` on rank 0 of ``nodes`` x
     ``ranks_per_node`` under ``config``: the engine is built (not run) on the meta device
     in a fake world, so its real flat buffers and strategies are what is counted."""
@@ -117,7 +118,7 @@ def predicted_memory_of(gpt: GPTConfig, nodes: int, ranks_per_node: int, config:
         with torch.device("meta"):
             module = GPT(gpt)
         model = ShardedModel(module, topology, config, unit_classes=(Block,), init=NoWeights())
-        return model.predicted_memory()
+        return model.predicted_memory(node_accumulation=node_accumulation)
     finally:
         dist.destroy_process_group()
 

@@ -2,13 +2,19 @@
 
     zeropp plan --model small --tokens-per-rank 256 --nodes 2 --ranks-per-node 2 \
                 --inter-node-mbit 200 --rank-gflops 5
+    zeropp plan --accumulation 8        # 8 micro-steps per optimizer step, node accumulation
     zeropp plan --paper                 # the ZeRO++ paper's clusters and models
     zeropp plan --compare runs/bench/throughput/throughput.json   # vs emulated-cluster runs
 
 Step time = compute + the communication that compute cannot hide, by the library's step
 model (:mod:`zeropp.auto.step_model`, which auto mode uses too), with
 
-    compute  = 6 * parameters * tokens per rank / achieved FLOP/s per rank
+    compute  = 6 * parameters * tokens per rank * micro-steps / achieved FLOP/s per rank
+
+per optimizer step. With gradient accumulation (``--accumulation k``) the micro-steps
+before the last run under ``no_sync`` as ``zeropp train --accumulation`` runs them: their
+gradients cross nodes once per optimizer step, and their weights too where hpZ keeps a
+copy inside the node.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from zeropp.accounting import FlatSummary
-from zeropp.auto.step_model import OVERLAP, LinkSpeeds, link_time, step_seconds
+from zeropp.auto.step_model import OVERLAP, Accumulation, LinkSpeeds, link_time, step_seconds
 from zeropp.config import ZeroConfig, standard_variants
 from zeropp.models import GPT, Block, GPTConfig
 from zeropp.sharding import ParamInfo, plan_units
@@ -46,9 +52,10 @@ class ClusterModel:
 class Work:
     flats: tuple[tuple[bool, bool, tuple[int, ...]], ...]  # (is_root, requires_grad, parameter sizes)
     num_parameters: int
-    tokens_per_rank: int
+    tokens_per_rank: int  # per micro-step
     flops_per_s: float  # achieved by one rank on this model
     overlap: float = OVERLAP
+    accumulation: int = 1  # micro-steps per optimizer step (node accumulation when > 1)
 
 
 def gpt_work(model_size: str, tokens_per_rank: int, flops_per_s: float, **overrides) -> Work:
@@ -83,11 +90,13 @@ def predict(work: Work, cluster: ClusterModel, config: ZeroConfig) -> dict:
         for is_root, grad, sizes in work.flats
     ]
     links = LinkSpeeds(cluster.inter_node_bytes_per_s, latency_s=cluster.latency_s)
-    link = link_time(summaries, layout, config, links, cluster.backend)
-    compute = 6 * work.num_parameters * work.tokens_per_rank / work.flops_per_s
+    accumulation = Accumulation(work.accumulation, node_accumulation=work.accumulation > 1)
+    link = link_time(summaries, layout, config, links, cluster.backend, accumulation)
+    tokens = work.tokens_per_rank * work.accumulation  # per rank and optimizer step
+    compute = 6 * work.num_parameters * tokens / work.flops_per_s
     step = step_seconds(compute, link.seconds, len(work.flats), work.overlap)
     return {"step_s": step, "compute_s": compute, "link_s": link.seconds, "exposed_s": step - compute,
-            "inter_node_bytes_per_step": link.inter_node_bytes, "tokens_per_s": work.tokens_per_rank * layout.world_size / step}
+            "inter_node_bytes_per_step": link.inter_node_bytes, "tokens_per_s": tokens * layout.world_size / step}
 
 
 def recommend(work: Work, cluster: ClusterModel) -> tuple[str, dict]:
@@ -159,7 +168,8 @@ def _peak_memory(args, variant: str) -> int:
     from zeropp_tools.dryrun import predicted_memory_of
 
     config = standard_variants(args.ranks_per_node)[variant]
-    phases = predicted_memory_of(GPTConfig.preset(args.model), args.nodes, args.ranks_per_node, config)
+    phases = predicted_memory_of(GPTConfig.preset(args.model), args.nodes, args.ranks_per_node, config,
+                                 node_accumulation=args.accumulation > 1)
     return max(phases[phase]["total"] for phase in ("forward", "backward", "optimizer_step"))
 
 
@@ -177,7 +187,7 @@ def main(args) -> int:
             cells = ", ".join(f"{v} {t:.1f}" for v, t in row["tflops_per_gpu"].items())
             logger.info(f"{setting}: predicted TFLOPs/GPU {cells}; recommended: {row['recommended']}")
         return 0
-    work = gpt_work(args.model, args.tokens_per_rank, args.rank_gflops * 1e9)
+    work = replace(gpt_work(args.model, args.tokens_per_rank, args.rank_gflops * 1e9), accumulation=args.accumulation)
     cluster = ClusterModel(args.nodes, args.ranks_per_node, args.inter_node_mbit * 1e6 / 8)
     best, predictions = recommend(work, cluster)
     for name, p in predictions.items():
@@ -185,7 +195,9 @@ def main(args) -> int:
         logger.info(f"{name:<8} step {p['step_s'] * 1e3:8.1f} ms  compute {p['compute_s'] * 1e3:7.1f} ms  "
                     f"link {p['link_s'] * 1e3:7.1f} ms  {p['tokens_per_s']:9,.0f} tokens/s  "
                     f"memory per rank {p['peak_memory_bytes'] / 1e6:8.1f} MB")
-    logger.info("memory per rank: the memory model's peak over the phases of a step, AdamW, activations not included")
+    logger.info("memory per rank: the memory model's peak over the phases of a step, AdamW, activations not included"
+                + (", node accumulation's sums included" if args.accumulation > 1 else ""))
+    logger.info(f"per optimizer step of {args.accumulation} micro-step(s) of {args.tokens_per_rank} tokens per rank")
     logger.info(f"recommended: {best}")
     logger.info(json.dumps({"recommended": best, "predictions": predictions}))
     return 0

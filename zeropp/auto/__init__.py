@@ -2,9 +2,9 @@
 network changes (docs/design.md section 11)."""
 
 from .probe import LinkProbe
-from .step_model import LinkSpeeds, LinkTime, link_time, step_seconds
+from .step_model import Accumulation, LinkSpeeds, LinkTime, link_time, step_seconds
 from .candidates import candidate_schemes, candidates
 from .tuner import AutoState, AutoTuner, Decision
 
-__all__ = ["AutoState", "AutoTuner", "Decision", "LinkProbe", "LinkSpeeds", "LinkTime", "candidate_schemes", "candidates",
-           "link_time", "step_seconds"]
+__all__ = ["Accumulation", "AutoState", "AutoTuner", "Decision", "LinkProbe", "LinkSpeeds", "LinkTime",
+           "candidate_schemes", "candidates", "link_time", "step_seconds"]

@@ -13,7 +13,7 @@ from ..accounting import FlatSummary
 from ..config import ZeroConfig
 from ..topology import Layout
 from .candidates import scheme
-from .step_model import LinkSpeeds, LinkTime, link_time, step_seconds
+from .step_model import Accumulation, LinkSpeeds, LinkTime, link_time, step_seconds
 
 WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
 # One step of a shared machine moves by 10-20% in a job's first steps (the fixed runs of the
@@ -50,6 +50,7 @@ class Workload:
     flats: list[FlatSummary]
     layout: Layout
     config: ZeroConfig  # the user's; candidates override its scheme fields
+    accumulation: Accumulation = Accumulation()  # micro-steps per optimizer step, as last run
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ def estimate(overrides: dict, measurement: Measurement | None, epoch: int, work:
 
 def candidate_link_time(work: Workload, overrides: dict, links: LinkSpeeds) -> LinkTime:
     """The step model's link time of the candidate ``overrides`` makes of the user's config."""
-    return link_time(work.flats, work.layout, scheme(work.config, overrides), links, current_backend())
+    return link_time(work.flats, work.layout, scheme(work.config, overrides), links, current_backend(),
+                     work.accumulation)
 
 
 def current_backend() -> str:

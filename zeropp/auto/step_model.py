@@ -1,13 +1,16 @@
 """An analytic model of one training step's time: compute plus the communication that
 compute cannot hide (docs/design.md section 11). ``zeropp plan`` and auto mode share it.
 
-    link     = bytes a node's link carries in per step / inter-node bandwidth
+    link     = bytes a node's link carries in per optimizer step / inter-node bandwidth
                + bytes a node's ranks receive from each other / intra-node bandwidth
                + collectives per step x latency
     exposed  = max(0, link - overlap * compute) + link / (flats + 1)
     step     = compute + exposed
 
-The last term of ``exposed`` is the first flat's gather, which nothing can overlap;
+A step is one optimizer step: with gradient accumulation over k micro-steps, compute and
+bytes are those of all k (node accumulation's gradients cross nodes once, and the weights
+too where hpZ keeps a copy inside the node). The last term of ``exposed`` is the first
+flat's gather, which nothing can overlap;
 ``overlap`` is the share of compute that prefetching and asynchronous reduction hide
 communication behind. Bytes come from the same analytic volume the accounting is tested
 against (:func:`zeropp.accounting.predicted_step_bytes`).
@@ -37,6 +40,15 @@ class LinkSpeeds:
 
 
 @dataclass(frozen=True)
+class Accumulation:
+    """How many micro-steps one optimizer step runs, and whether the first k - 1 reduce
+    inside the node only (``model.no_sync()``: node accumulation) or across nodes too."""
+
+    micro_steps: int = 1
+    node_accumulation: bool = False
+
+
+@dataclass(frozen=True)
 class LinkTime:
     seconds: float
     inter_node_bytes: int  # per step into node 0, all its ranks together
@@ -44,18 +56,19 @@ class LinkTime:
 
 
 def link_time(flats: list[FlatSummary], layout: Layout, config: ZeroConfig, links: LinkSpeeds,
-              backend: str = "gloo") -> LinkTime:
-    """Seconds node 0's links are busy during one step of ``config``."""
+              backend: str = "gloo", accumulation: Accumulation = Accumulation()) -> LinkTime:
+    """Seconds node 0's links are busy during one optimizer step of ``config``."""
     inter = intra = 0
     for rank in range(layout.ranks_per_node):  # node 0's ranks
-        for row in predicted_step_bytes(flats, layout, config, rank, backend).values():
+        for row in predicted_step_bytes(flats, layout, config, rank, backend, accumulation.micro_steps,
+                                        accumulation.node_accumulation).values():
             inter += row["received_inter_node"]
             intra += row["received_intra_node"]
     gather = select_weight_gather(config)
     steps = (gather.collective_steps(layout, "forward_gather") + gather.collective_steps(layout, "backward_gather")
              + select_gradient_reduction(config).collective_steps(layout))
     seconds = (inter / links.inter_node_bytes_per_s + intra / links.intra_node_bytes_per_s
-               + len(flats) * steps * links.latency_s)
+               + len(flats) * steps * accumulation.micro_steps * links.latency_s)
     return LinkTime(seconds, inter, intra)
 
 

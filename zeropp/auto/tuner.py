@@ -54,7 +54,7 @@ from ..topology import Topology
 from .candidates import candidates, scheme
 from .planning import Measurement, Workload, candidate_link_time, plan_next
 from .probe import PHASE, LinkProbe
-from .step_model import LinkSpeeds
+from .step_model import Accumulation, LinkSpeeds
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ class AutoTuner:
         self.links: LinkSpeeds | None = None
         self.measured: dict[str, Measurement] = {}
         self.decisions: list[Decision] = []
+        self.accumulation = Accumulation()  # of the optimizer step that just ended
         self._epoch = self._steps_in_state = self._step = 0
         self._warm_steps = FIRST_TRIAL_STEPS - 1  # steps of the running trial not measured
         self._times: list[tuple[float, float]] = []  # (step, blocked) seconds of this rank since the last switch
@@ -117,10 +118,10 @@ class AutoTuner:
         """``config`` with the chosen schemes: what the engine's strategies run."""
         return scheme(config, self.candidates[self.choice])
 
-    def before_step(self, flats: list[FlatSummary]) -> bool:
-        """Call before each training step's forward with the model's flat buffers; True
-        when the choice changed."""
-        self.flats = flats
+    def before_step(self, flats: list[FlatSummary], accumulation: Accumulation = Accumulation()) -> bool:
+        """Call before each optimizer step's first forward with the model's flat buffers
+        and the micro-steps the last optimizer step ran; True when the choice changed."""
+        self.flats, self.accumulation = flats, accumulation
         elapsed = self._read_clock()
         previous = self.choice
         if self.state is None:
@@ -273,7 +274,7 @@ class AutoTuner:
         return candidate_link_time(self._workload(), self.candidates[name], self.links).seconds
 
     def _workload(self) -> Workload:
-        return Workload(self.flats, self.topology.layout, self.config)
+        return Workload(self.flats, self.topology.layout, self.config, self.accumulation)
 
     # ----------------------------------------------------------------- timing
     def _read_clock(self) -> tuple[float, float]:

@@ -202,7 +202,7 @@ class ShardedModel(nn.Module):
         """Auto mode's turn, before the first forward of each training step."""
         if not torch.is_grad_enabled() or self._pinned is not None:
             return
-        if self._strategies.tune(metrics.flat_summaries(self), self._optimizer_stepped):
+        if self._strategies.tune(metrics.flat_summaries(self), self._optimizer_stepped, self._accumulation is not None):
             self._drop_copies()
 
     def on_weights_changed(self, include_frozen: bool = False) -> None:

@@ -3,7 +3,7 @@ switches settings at a training step, auto mode after its trials (docs/design.md
 
 from __future__ import annotations
 
-from ..auto import AutoTuner
+from ..auto import Accumulation, AutoTuner
 from ..collectives import Communicator
 from ..config import ZeroConfig
 from ..gather import select_weight_gather
@@ -20,6 +20,7 @@ class Strategies:
         self.topology = topology
         self.communicator = communicator
         self.training_step = 0
+        self._forwards = 0  # training forwards (micro-steps) since the last optimizer step
         self.auto = AutoTuner(config, topology, communicator) if config.auto else None
         self.active_config = self._in_force()
         self.weight_gather = select_weight_gather(self.active_config, topology, communicator)
@@ -42,10 +43,15 @@ class Strategies:
         self.gradient_reduction.carry_state_from(previous)  # error-feedback residuals survive
         return True
 
-    def tune(self, flat_summaries, optimizer_stepped: bool) -> bool:
-        """Auto mode's turn before a training step's first forward; True if the settings changed."""
+    def tune(self, flat_summaries, optimizer_stepped: bool, node_accumulation: bool) -> bool:
+        """Auto mode's turn before each training forward (it acts at an optimizer step's
+        first, knowing how many micro-steps the last one ran, and whether under
+        ``no_sync``: ``node_accumulation``); True if the settings changed."""
         if self.auto is None:
             return False
-        if (optimizer_stepped or self.auto.state is None) and self.auto.before_step(flat_summaries):
-            return self.update()
-        return False
+        if not (optimizer_stepped or self.auto.state is None):
+            self._forwards += 1
+            return False
+        accumulation = Accumulation(max(1, self._forwards), node_accumulation)
+        self._forwards = 1
+        return self.auto.before_step(flat_summaries, accumulation) and self.update()

@@ -138,7 +138,8 @@ def write_report(result: dict, out: Path) -> None:
 
 
 def main(arguments) -> int:
-    from zeropp_tools.cli.main import main as zeropp
+    from zeropp_tools.cli.parser import build_parser
+    from zeropp_tools.rlhf.cli import run_rlhf
 
     weights, out = Path(arguments.weights), Path(arguments.out)
     if arguments.report_only:
@@ -147,8 +148,10 @@ def main(arguments) -> int:
         return 0
     if not (weights / "reward" / "model.safetensors").is_file():
         logger.info("making the SFT and reward weights in %s", weights)
-        if zeropp(["rlhf", "all", "--out", str(weights), "--model", arguments.model, "--iterations", "1",
-                   "--sft-steps", "1", "--reward-body-steps", "1", "--reward-steps", "1"]) != 0:
+        making = build_parser().parse_args(["rlhf", "all", "--out", str(weights), "--model", arguments.model,
+                                            "--iterations", "1", "--sft-steps", "1", "--reward-body-steps", "1",
+                                            "--reward-steps", "1"])
+        if run_rlhf(making) != 0:
             raise RuntimeError("could not make the RLHF weights")
     bandwidths = [None if value == "none" else int(value) for value in arguments.bandwidths.split(",")]
     result = run(weights, out, bandwidths, arguments.repetitions, arguments.iterations, arguments.model)

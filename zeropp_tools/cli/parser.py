@@ -113,7 +113,10 @@ def _add_cluster(commands) -> None:
 def _add_plan(commands) -> None:
     plan = _subcommand(commands, "plan", "predict step time per ZeRO++ variant and recommend one")
     plan.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size")
-    plan.add_argument("--tokens-per-rank", type=positive_int, default=256, help="tokens each rank processes per step")
+    plan.add_argument("--tokens-per-rank", type=positive_int, default=256,
+                      help="tokens each rank processes per micro-step")
+    plan.add_argument("--accumulation", type=positive_int, default=1,
+                      help="micro-steps per optimizer step; those before the last under no_sync (node accumulation)")
     plan.add_argument("--nodes", type=positive_int, default=2, help="nodes")
     plan.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
     plan.add_argument("--inter-node-mbit", type=positive_float, default=200.0, help="Mbit/s of each node's link")
