@@ -36,9 +36,9 @@ class ByteSequences(torch.utils.data.Dataset):
         return {"input_ids": self.rows[index], "labels": self.rows[index]}
 
 
-def tiny_llama() -> torch.nn.Module:
+def tiny_llama(vocab_size: int = 256) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                                       tie_word_embeddings=False)
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")

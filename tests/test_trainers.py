@@ -1,9 +1,9 @@
-"""The trainers users already run, on zeropp: the Hugging Face Trainer (examples/hf_trainer.py
-under torchrun, 4 processes as 2 nodes x 2, a tiny Llama-style model, fp32, cosine schedule
-with warm-up, clipping at 1.0, gradient accumulation 2) against the same Trainer's own DDP
-run; a checkpoint written at 4 ranks resumed at 2; the saved folder through
-``from_pretrained``. Marked slow (about two minutes on 2 cores): ``.ci/run`` runs it after
-``make test``."""
+"""The trainers users already run, on zeropp: the Hugging Face Trainer (examples/hf_trainer.py)
+and TRL's SFTTrainer (examples/trl_sft.py) under torchrun, 4 processes as 2 nodes x 2, a
+tiny Llama-style model, fp32, cosine schedule with warm-up, clipping at 1.0, gradient
+accumulation 2, against the same trainer's own DDP run; a checkpoint written at 4 ranks
+resumed at 2; the saved folder through ``from_pretrained``. Marked slow (about three
+minutes on 2 cores): ``.ci/run`` runs it after ``make test``."""
 
 import json
 import os
@@ -22,12 +22,12 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer.py"
 STEPS = 20
 
 
-def torchrun(processes: int, out: Path, *options: str) -> dict[str, list[float]]:
+def torchrun(processes: int, out: Path, *options: str, example: Path = EXAMPLE) -> dict[str, list[float]]:
     """Runs the example; per-rank per-step losses ("rank0", ...) and their mean over ranks ("mean")."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-               str(EXAMPLE), "--out", str(out), "--steps", str(STEPS), *options]
+               str(example), "--out", str(out), "--steps", str(STEPS), *options]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(example.parent)})
     assert result.returncode == 0, result.stderr[-4000:]
     losses = {f"rank{rank}": json.loads((out / f"losses_rank{rank}.json").read_text()) for rank in range(processes)}
     return {**losses, "mean": json.loads((out / "losses.json").read_text())}
@@ -46,7 +46,18 @@ def runs(tmp_path_factory):
     }
 
 
-def test_the_exact_path_matches_the_trainers_own_ddp_run_step_by_step(runs):
+@pytest.fixture(scope="module")
+def sft_runs(tmp_path_factory):
+    pytest.importorskip("trl", reason="TRL's SFTTrainer: pip install trl")
+    root, example = tmp_path_factory.mktemp("trl_sft"), EXAMPLE.parent / "trl_sft.py"
+    return {name: torchrun(4, root / name, *options, example=example)
+            for name, options in (("ddp", ["--ddp"]), ("zero3", ["--ranks-per-node", "2"]),
+                                  ("zero++", ["--ranks-per-node", "2", "--zero++"]))}
+
+
+@pytest.mark.parametrize("trainer", ["hf_trainer", "trl_sft"])
+def test_the_exact_path_matches_the_trainers_own_ddp_run_step_by_step(request, trainer):
+    runs = request.getfixturevalue("runs" if trainer == "hf_trainer" else "sft_runs")
     for rank in range(4):
         zero3, ddp = runs["zero3"][f"rank{rank}"], runs["ddp"][f"rank{rank}"]
         assert len(zero3) == len(ddp) == STEPS
@@ -54,7 +65,9 @@ def test_the_exact_path_matches_the_trainers_own_ddp_run_step_by_step(runs):
     assert runs["ddp"]["mean"][-1] < 0.8 * runs["ddp"]["mean"][0]  # it learned
 
 
-def test_zeropp_stays_within_the_parity_tests_tolerance(runs):
+@pytest.mark.parametrize("trainer", ["hf_trainer", "trl_sft"])
+def test_zeropp_stays_within_the_parity_tests_tolerance(request, trainer):
+    runs = request.getfixturevalue("runs" if trainer == "hf_trainer" else "sft_runs")
     for rank in range(4):  # as tests/test_zeropp_training.py: 2% of the exact loss at every step
         compressed, ddp = runs["zero++"][f"rank{rank}"], runs["ddp"][f"rank{rank}"]
         assert all(abs(a - b) <= 0.02 * b for a, b in zip(compressed, ddp)), (rank, compressed, ddp)

@@ -4,6 +4,7 @@
                             zero_config=ZeroConfig(quantized_weights=True, hpz_size=2, quantized_gradients=True),
                             train_dataset=dataset)
     trainer.train()
+    trainer = sharded_trainer(trl.SFTTrainer)(model=model, args=SFTConfig(...), zero_config=..., ...)
 
 What differs from a plain ``Trainer``, and why:
 
@@ -20,7 +21,9 @@ What differs from a plain ``Trainer``, and why:
   ``save_pretrained``. A checkpoint adds the sharded model and optimizer state through
   ``torch.distributed.checkpoint`` (folder ``zeropp``), which resumes at any world size.
 
-``zero_config`` is a :class:`~zeropp.ZeroConfig`, or a DeepSpeed JSON (path or dict) as
+``TrainingArguments(bf16=True)`` (TRL's default) computes in bf16 over fp32 masters
+(``ZeroConfig(compute_dtype="bf16")``); ``fp16`` is refused. ``zero_config`` is a
+:class:`~zeropp.ZeroConfig`, or a DeepSpeed JSON (path or dict) as
 ``TrainingArguments(deepspeed=...)`` would take it (see ``zeropp.deepspeed_config``); pass
 it here, not as ``deepspeed=``, which would start DeepSpeed.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -59,7 +63,22 @@ def zero_config_from(source: ZeroConfig | dict | str | Path | None) -> ZeroConfi
     raise ValueError(f"zero_config must be a ZeroConfig, a DeepSpeed JSON path or dict, or None; got {type(source).__name__}")
 
 
-class ZeroppTrainer(transformers.Trainer):
+def _with_trainer_precision(config: ZeroConfig, args) -> ZeroConfig:
+    """``bf16=True`` in the training arguments is zeropp's bf16 compute (fp32 masters), as
+    accelerate's autocast would have been for an unsharded model."""
+    if args.fp16:
+        raise ValueError("TrainingArguments.fp16: use bf16=True, or ZeroConfig(compute_dtype='fp16') with "
+                         "ShardedOptimizer's loss scaling in your own loop")
+    if args.bf16 and config.compute_dtype == "fp32":
+        logger.info("TrainingArguments.bf16: gathering and computing in bf16 (masters stay fp32)")
+        return replace(config, compute_dtype="bf16")
+    return config
+
+
+class ShardedTrainerMixin:
+    """The overrides that put a ``transformers.Trainer`` (or a subclass: TRL's trainers) on
+    zeropp; see :func:`sharded_trainer`."""
+
     def __init__(self, model: torch.nn.Module, args: transformers.TrainingArguments, *,
                  zero_config: ZeroConfig | dict | str | Path | None = None, ranks_per_node: int | None = None,
                  unit_classes="auto", **trainer_arguments) -> None:
@@ -67,11 +86,12 @@ class ZeroppTrainer(transformers.Trainer):
             raise ValueError("TrainingArguments.deepspeed starts DeepSpeed: pass the JSON as zero_config instead")
         if not isinstance(model, torch.nn.Module) or isinstance(model, ShardedModel):
             raise ValueError("model must be the Hugging Face module itself; ZeroppTrainer shards it")
+        config = _with_trainer_precision(zero_config_from(zero_config), args)
         args.device  # accelerate starts the process group (gloo on CPU, NCCL on GPU)
         topology = Topology.from_environment(ranks_per_node=ranks_per_node)
         # Weight decay by the Trainer's rule, read off the layers before sharding empties them
         self.decay_parameter_names = set(self.get_decay_parameter_names(model))
-        self.sharded = ShardedModel(model, topology, zero_config_from(zero_config), unit_classes=unit_classes)
+        self.sharded = ShardedModel(model, topology, config, unit_classes=unit_classes)
         super().__init__(model=model, args=args, **trainer_arguments)
 
     # ------------------------------------------------------------ the model that trains
@@ -128,3 +148,15 @@ class ZeroppTrainer(transformers.Trainer):
         if self.lr_scheduler is not None and os.path.isfile(scheduler_file):
             self.lr_scheduler.load_state_dict(torch.load(scheduler_file, weights_only=True))
         logger.info("resumed the sharded model and optimizer from %s", checkpoint)
+
+
+class ZeroppTrainer(ShardedTrainerMixin, transformers.Trainer):
+    """The Hugging Face ``Trainer`` on a zeropp-sharded model."""
+
+
+def sharded_trainer(trainer_class: type) -> type:
+    """``trainer_class`` (a ``transformers.Trainer`` subclass, e.g. TRL's ``SFTTrainer``) on
+    a zeropp-sharded model: ``sharded_trainer(SFTTrainer)(model=..., args=..., zero_config=...)``."""
+    if not (isinstance(trainer_class, type) and issubclass(trainer_class, transformers.Trainer)):
+        raise ValueError(f"trainer_class must be transformers.Trainer or a subclass of it, got {trainer_class!r}")
+    return type(f"Zeropp{trainer_class.__name__}", (ShardedTrainerMixin, trainer_class), {})
