@@ -20,6 +20,7 @@ import torch
 import transformers
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPOSITORY / "docs" / "design.md"  # any local text file will do
 
 
 class ByteSequences(torch.utils.data.Dataset):
@@ -58,12 +59,25 @@ def recording(trainer_class):
     return Recording
 
 
+def write_losses(trainer, out: Path) -> None:
+    """Collective. This rank's loss per optimizer step (``losses_rank{R}.json``) and their
+    mean over ranks (``losses.json``, comparable at any world size)."""
+    losses, accumulation = trainer.micro_step_losses, trainer.args.gradient_accumulation_steps
+    per_step = [sum(losses[i:i + accumulation]) for i in range(0, len(losses), accumulation)]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"losses_rank{trainer.args.process_index}.json").write_text(json.dumps(per_step))
+    mean = torch.tensor(per_step, dtype=torch.float64)
+    torch.distributed.all_reduce(mean)
+    if trainer.args.process_index == 0:
+        (out / "losses.json").write_text(json.dumps((mean / trainer.args.world_size).tolist()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ddp", action="store_true", help="the plain Trainer (accelerate's DDP), for comparison")
     parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
     parser.add_argument("--ranks-per-node", type=int, default=None, help="default: torchrun's LOCAL_WORLD_SIZE")
-    parser.add_argument("--data", default=str(REPOSITORY / "README.md"), help="a local text file")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="a local text file")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
     parser.add_argument("--accumulation", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--batch-per-rank", type=int, default=2, help="sequences per rank per micro-step")
@@ -92,14 +106,7 @@ def main() -> None:
         trainer = recording(ZeroppTrainer)(model=tiny_llama(), args=training, train_dataset=dataset,
                                            zero_config=config, ranks_per_node=arguments.ranks_per_node)
     trainer.train(resume_from_checkpoint=arguments.resume)
-    losses = trainer.micro_step_losses
-    per_step = [sum(losses[i:i + arguments.accumulation]) for i in range(0, len(losses), arguments.accumulation)]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"losses_rank{training.process_index}.json").write_text(json.dumps(per_step))
-    mean = torch.tensor(per_step, dtype=torch.float64)  # over ranks: the same at any world size
-    torch.distributed.all_reduce(mean)
-    if training.process_index == 0:
-        (out / "losses.json").write_text(json.dumps((mean / training.world_size).tolist()))
+    write_losses(trainer, out)
     if arguments.save:
         trainer.save_model(str(out / "model"))
         batch = dataset[0]["input_ids"][None]  # [1, 65]

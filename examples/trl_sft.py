@@ -10,7 +10,6 @@ Each rank writes its loss per optimizer step to ``OUT/losses_rank{R}.json``.
 """
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import datasets
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from hf_trainer import REPOSITORY, recording, tiny_llama
+from hf_trainer import DEFAULT_DATA, recording, tiny_llama, write_losses
 from make_hf_model import train_tokenizer
 
 
@@ -27,7 +26,7 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="TRL's SFTTrainer as it is (accelerate's DDP)")
     parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
     parser.add_argument("--ranks-per-node", type=int, default=None, help="default: torchrun's LOCAL_WORLD_SIZE")
-    parser.add_argument("--data", default=str(REPOSITORY / "README.md"), help="a local text file, one example per line")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="a local text file, one example per line")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
     parser.add_argument("--accumulation", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--bf16", action="store_true", help="TRL's default precision (fp32 without it, to compare)")
@@ -58,14 +57,7 @@ def main() -> None:
                                                          processing_class=tokenizer, zero_config=config,
                                                          ranks_per_node=arguments.ranks_per_node)
     trainer.train()
-    losses = trainer.micro_step_losses
-    per_step = [sum(losses[i:i + arguments.accumulation]) for i in range(0, len(losses), arguments.accumulation)]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"losses_rank{training.process_index}.json").write_text(json.dumps(per_step))
-    mean = torch.tensor(per_step, dtype=torch.float64)
-    torch.distributed.all_reduce(mean)
-    if training.process_index == 0:
-        (out / "losses.json").write_text(json.dumps((mean / training.world_size).tolist()))
+    write_losses(trainer, out)
     torch.distributed.barrier()
 
 

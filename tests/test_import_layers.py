@@ -1,8 +1,11 @@
 """The import contract of docs/design.md's code map: no import cycles among the modules of
 ``zeropp`` and ``zeropp_tools`` (imports inside functions included, ``TYPE_CHECKING`` ones
-not), and the library never imports the tools."""
+not), the library never imports the tools, and importing it imports no trainer framework
+(those are optional extras, imported by ``zeropp.integrations`` modules only)."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,3 +107,10 @@ def test_the_library_never_imports_the_tools():
     offending = {name: sorted(t for t in targets if t.startswith("zeropp_tools"))
                  for name, targets in graph.items() if name.startswith("zeropp.")}
     assert not {name: targets for name, targets in offending.items() if targets}
+
+
+def test_importing_the_library_imports_no_trainer_framework():
+    code = ("import sys, zeropp, zeropp.engine, zeropp.checkpoint, zeropp.hf; "
+            "print(sorted({'transformers', 'accelerate', 'trl', 'peft', 'lightning'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -60,7 +60,8 @@ def zero_config_from(source: ZeroConfig | dict | str | Path | None) -> ZeroConfi
         return source
     if isinstance(source, (dict, str, Path)):
         return load_deepspeed_config(source)[0]
-    raise ValueError(f"zero_config must be a ZeroConfig, a DeepSpeed JSON path or dict, or None; got {type(source).__name__}")
+    raise ValueError("zero_config must be a ZeroConfig, a DeepSpeed JSON path or dict, or None; "
+                     f"got {type(source).__name__}")
 
 
 def _with_trainer_precision(config: ZeroConfig, args) -> ZeroConfig:
@@ -105,7 +106,8 @@ class ShardedTrainerMixin:
         if self.optimizer is None:
             decay = self.decay_parameter_names
             pieces = [(name, piece) for name, piece in self.sharded.named_parameters() if piece.requires_grad]
-            groups = [{"params": [piece for name, piece in pieces if name in decay], "weight_decay": self.args.weight_decay},
+            groups = [{"params": [piece for name, piece in pieces if name in decay],
+                       "weight_decay": self.args.weight_decay},
                       {"params": [piece for name, piece in pieces if name not in decay], "weight_decay": 0.0}]
             optimizer_class, options = (self.optimizer_cls_and_kwargs if self.optimizer_cls_and_kwargs is not None
                                         else self.get_optimizer_cls_and_kwargs(self.args, self.model))
@@ -121,11 +123,18 @@ class ShardedTrainerMixin:
     # ------------------------------------------------------------ saving and resuming
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Collective: rank 0 writes a folder ``from_pretrained`` loads (config, fp32
-        safetensors gathered one unit at a time, the tokenizer, the training arguments)."""
+        safetensors gathered one unit at a time, the tokenizer, the training arguments), or
+        for a PEFT model the adapter ``PeftModel.from_pretrained`` loads."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        export_pretrained(self.sharded, output_dir, tokenizer=self.processing_class)
+        if hasattr(self.model, "peft_config"):  # a PEFT model: the adapter, as PeftModel.from_pretrained reads it
+            whole = self.sharded.full_state_dict(rank0_only=True)
+            if self.args.should_save:
+                self.model.save_pretrained(output_dir, state_dict=whole)
+        else:
+            export_pretrained(self.sharded, output_dir, tokenizer=self.processing_class)
         if self.args.should_save:
             torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+        self.accelerator.wait_for_everyone()
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         dcp.save({"train": DistributedState(self.sharded, self.optimizer)},
