@@ -8,7 +8,7 @@ machine can act as two nodes of two ranks each.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from datetime import timedelta
 
@@ -63,6 +63,9 @@ class Group:
     name: str
     ranks: tuple[int, ...]
     handle: object = field(repr=False, compare=False)
+    # A side group's collectives start when their data arrives: their order against the
+    # main groups' differs between ranks by design (see Topology.side_group).
+    launched_on_arrival: bool = False
 
     @property
     def size(self) -> int:
@@ -162,7 +165,8 @@ class Topology:
             raise ValueError(f"side groups exist for {sorted(partitions)}, not {of!r}")
         name = f"{of}:{purpose}"
         if name not in self._groups:
-            self._groups[name] = _own_group(name, partitions[of](self.layout), self.rank, self._timeout)
+            own = _own_group(name, partitions[of](self.layout), self.rank, self._timeout)
+            self._groups[name] = replace(own, launched_on_arrival=True)
         return self._groups[name]
 
     def group(self, name: str) -> Group:

@@ -65,7 +65,10 @@ class Communicator:
         if self.device is not None and tensor.device != self.device:
             raise ValueError(f"{call.describe()}: the tensor is on {tensor.device}, the topology's device is "
                              f"{self.device}; create it with device=topology.device")
-        if self.check_order:
+        # Not on a side group: the check blocks, and a side group's collectives start at
+        # points that differ between ranks, so a blocking check there would wait on a peer
+        # blocked in the main group's check (a deadlock the collectives themselves avoid).
+        if self.check_order and not group.launched_on_arrival:
             check_same_call(call, group.handle, group.size)
         work = launch()
         return TrackedWork(work, call, self.comm_log.rank, self.comm_log.layout.world_size, self._clock, tensor.device)
