@@ -72,14 +72,25 @@ def write_losses(trainer, out: Path) -> None:
         (out / "losses.json").write_text(json.dumps((mean / trainer.args.world_size).tolist()))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ddp", action="store_true", help="the plain Trainer (accelerate's DDP), for comparison")
-    parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
+def example_parser(description: str, ddp_help: str) -> argparse.ArgumentParser:
+    """The flags every trainer example takes: the DDP baseline, the layout, data and schedule."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ddp", action="store_true", help=ddp_help)
     parser.add_argument("--ranks-per-node", type=int, default=None, help="default: torchrun's LOCAL_WORLD_SIZE")
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="a local text file")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
     parser.add_argument("--accumulation", type=int, default=2, help="micro-batches per optimizer step")
+    return parser
+
+
+def node_size(arguments) -> int:
+    """Ranks per node: as given, else torchrun's LOCAL_WORLD_SIZE."""
+    return arguments.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def main() -> None:
+    parser = example_parser(__doc__, "the plain Trainer (accelerate's DDP), for comparison")
+    parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
     parser.add_argument("--batch-per-rank", type=int, default=2, help="sequences per rank per micro-step")
     parser.add_argument("--out", default="runs/hf_trainer", help="losses, checkpoints, the saved model")
     parser.add_argument("--save", action="store_true", help="write OUT/model for from_pretrained")
@@ -100,9 +111,8 @@ def main() -> None:
         from zeropp import ZeroConfig
         from zeropp.integrations.transformers import ZeroppTrainer
 
-        node = arguments.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        config = ZeroConfig(quantized_weights=True, hpz_size=node, quantized_gradients=True) if arguments.zeropp \
-            else ZeroConfig()
+        zero_plus_plus = dict(quantized_weights=True, hpz_size=node_size(arguments), quantized_gradients=True)
+        config = ZeroConfig(**zero_plus_plus) if arguments.zeropp else ZeroConfig()
         trainer = recording(ZeroppTrainer)(model=tiny_llama(), args=training, train_dataset=dataset,
                                            zero_config=config, ranks_per_node=arguments.ranks_per_node)
     trainer.train(resume_from_checkpoint=arguments.resume)

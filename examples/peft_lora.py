@@ -10,16 +10,14 @@ node 0's cross-node gather bytes per step, measured and predicted (``OUT/bytes.j
 ``--save`` writes the adapter folder ``PeftModel.from_pretrained`` loads (``OUT/adapter``).
 """
 
-import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
 import transformers
 from peft import LoraConfig, get_peft_model
 
-from hf_trainer import DEFAULT_DATA, ByteSequences, recording, tiny_llama, write_losses
+from hf_trainer import ByteSequences, example_parser, node_size, recording, tiny_llama, write_losses
 
 GATHERS = ("forward_gather", "backward_gather")
 
@@ -45,12 +43,7 @@ class GatherBytes(transformers.TrainerCallback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ddp", action="store_true", help="PEFT under the plain Trainer (accelerate's DDP)")
-    parser.add_argument("--ranks-per-node", type=int, default=None, help="default: torchrun's LOCAL_WORLD_SIZE")
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="a local text file")
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
-    parser.add_argument("--accumulation", type=int, default=2, help="micro-batches per optimizer step")
+    parser = example_parser(__doc__, "PEFT under the plain Trainer (accelerate's DDP)")
     parser.add_argument("--out", default="runs/peft_lora", help="losses, bytes, the adapter")
     parser.add_argument("--save", action="store_true", help="write OUT/adapter for PeftModel.from_pretrained")
     arguments = parser.parse_args()
@@ -69,8 +62,7 @@ def main() -> None:
         from zeropp import ZeroConfig
         from zeropp.integrations.transformers import ZeroppTrainer
 
-        node = arguments.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        config = ZeroConfig(quantized_nontrainable_weights=True, hpz_size=node)
+        config = ZeroConfig(quantized_nontrainable_weights=True, hpz_size=node_size(arguments))
         trainer = recording(ZeroppTrainer)(model=model, args=training, train_dataset=dataset,
                                            zero_config=config, ranks_per_node=arguments.ranks_per_node)
         recorder = GatherBytes(trainer.sharded, arguments.accumulation)

@@ -9,26 +9,19 @@ downloaded). On 4 processes acting as 2 nodes x 2::
 Each rank writes its loss per optimizer step to ``OUT/losses_rank{R}.json``.
 """
 
-import argparse
-import os
 from pathlib import Path
 
 import datasets
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from hf_trainer import DEFAULT_DATA, recording, tiny_llama, write_losses
+from hf_trainer import example_parser, node_size, recording, tiny_llama, write_losses
 from make_hf_model import train_tokenizer
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ddp", action="store_true", help="TRL's SFTTrainer as it is (accelerate's DDP)")
+    parser = example_parser(__doc__, "TRL's SFTTrainer as it is (accelerate's DDP)")  # --data: one example a line
     parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
-    parser.add_argument("--ranks-per-node", type=int, default=None, help="default: torchrun's LOCAL_WORLD_SIZE")
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="a local text file, one example per line")
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
-    parser.add_argument("--accumulation", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--bf16", action="store_true", help="TRL's default precision (fp32 without it, to compare)")
     parser.add_argument("--out", default="runs/trl_sft", help="losses and checkpoints")
     arguments = parser.parse_args()
@@ -50,9 +43,8 @@ def main() -> None:
         from zeropp import ZeroConfig
         from zeropp.integrations.transformers import sharded_trainer
 
-        node = arguments.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        config = ZeroConfig(quantized_weights=True, hpz_size=node, quantized_gradients=True) if arguments.zeropp \
-            else ZeroConfig()
+        zero_plus_plus = dict(quantized_weights=True, hpz_size=node_size(arguments), quantized_gradients=True)
+        config = ZeroConfig(**zero_plus_plus) if arguments.zeropp else ZeroConfig()
         trainer = recording(sharded_trainer(SFTTrainer))(model=model, args=training, train_dataset=dataset,
                                                          processing_class=tokenizer, zero_config=config,
                                                          ranks_per_node=arguments.ranks_per_node)
