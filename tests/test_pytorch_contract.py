@@ -7,7 +7,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
-from zeropp.checkpoint import DistributedState
+from zeropp.checkpoint import DistributedState, optimizer_state_dict
 from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
 
@@ -130,6 +130,39 @@ def test_state_dict_keys_and_loading_a_full_state_dict():
         assert result.missing_keys == [] and result.unexpected_keys == []
         assert abs(loss - want) <= 1e-6 * want
         assert all(torch.equal(state[name], value) for name, value in other.state_dict().items())
+
+
+def inspect_state_dicts(rank, world_size):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model = wrap(world_size)
+    optimizer = adamw(model.parameters())
+    model(*local_rows(rank, world_size, batch(0))).backward()
+    optimizer.step()
+    answers = {name: (value.numel(), tuple(value.shape), value.dtype, value.device)
+               for name, value in model.state_dict().items()}
+    moments = {name: state["exp_avg"].numel()
+               for name, state in optimizer_state_dict(model, optimizer)["state"].items()}
+    errors = []
+    for call in (lambda: get_model_state_dict(model), lambda: get_optimizer_state_dict(model, optimizer)):
+        with pytest.raises(AttributeError) as raised:
+            call()
+        errors.append(str(raised.value))
+    return answers, moments, errors
+
+
+def test_state_dict_values_answer_numel_shape_dtype_device_and_torch_state_dict_api_says_what_to_call():
+    """Every value answers as the whole (flattened) parameter would; torch's
+    get_model_state_dict / get_optimizer_state_dict stop with the calls to use instead."""
+    whole = build().state_dict()
+    for answers, moments, errors in spawn_ranks(inspect_state_dicts, 4):
+        assert sorted(answers) == sorted(whole)
+        for name, (numel, shape, dtype, device) in answers.items():
+            assert (numel, shape, dtype, device) == (whole[name].numel(), (whole[name].numel(),),
+                                                     torch.float32, torch.device("cpu")), name
+        assert all(numel == whole[name].numel() for name, numel in moments.items())
+        for error in errors:
+            assert "model.module." in error and "zeropp.checkpoint.DistributedState(model, optimizer)" in error
 
 
 def save_with_sharded_optimizer(rank, world_size, folder):

@@ -28,9 +28,10 @@ from ..init import WeightSource
 from ..reduce import QgzReduction
 from ..reduce.node_accumulation import NodeAccumulation
 from ..topology import Topology
-from . import memory_model, metrics, state_dict
+from . import memory_model, metrics
 from .checks import check_inputs, check_weight_source, resolve_unit_classes
 from .construction import UnitBuilder
+from .contract import TorchContract
 from .full_parameters import full_parameters
 from .generation import PinnedUnits, generation_mode
 from .hook_helpers import checkpointed, tensors_requiring_grad, watch_optimizer_steps
@@ -42,7 +43,7 @@ from .strategies import Strategies
 from .unit import Unit
 
 
-class ShardedModel(nn.Module):
+class ShardedModel(TorchContract, nn.Module):
     """Wraps ``module`` so that each rank holds 1/W of its parameters at rest.
 
     ``unit_classes`` names the module classes that become units of their own (for example
@@ -220,17 +221,7 @@ class ShardedModel(nn.Module):
             flat.seen_version = flat.master._version
         self._optimizer_stepped = False
 
-    # ----------------------------------------------------------------- PyTorch contract
-    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
-        """This rank's fp32 master pieces under the original names: 1-D, [elements held
-        here] (empty where this rank holds none of a parameter), sharing the master shards'
-        storage, so ``torch.optim.AdamW(model.parameters())`` trains the model."""
-        for flat in self.flat_params():
-            for piece in flat.local_pieces:
-                names = piece.slot.names if not remove_duplicate else piece.slot.names[:1]
-                for name in names:
-                    yield prefix + name, piece.parameter
-
+    # ----------------------------------------------------------------- accumulation
     def zero_grad(self, set_to_none: bool = True) -> None:
         for flat in self.flat_params():
             flat.clear_grad()
@@ -256,52 +247,6 @@ class ShardedModel(nn.Module):
             yield
         finally:
             self.set_requires_gradient_sync(True)
-
-    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
-        """Sharded: ``ShardedTensor`` s of the flattened parameters, this rank's piece local
-        (see :mod:`zeropp.engine.state_dict`); ``torch.distributed.checkpoint`` saves and
-        loads it at any world size. :meth:`full_state_dict` gives whole tensors."""
-        state = state_dict.sharded_state_dict(self, prefix)
-        if destination is not None:
-            destination.update(state)
-            return destination
-        return state
-
-    def load_state_dict(self, state: dict, strict: bool = True, assign: bool = False):
-        """Sharded (this layout, as ``torch.distributed.checkpoint.load`` fills it) or full
-        (whole tensors, original shapes) state; refreshes every derived copy."""
-        return state_dict.load_state_dict(self, state, strict)
-
-    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
-        """Collective: every parameter and buffer whole, fp32, on CPU; on rank 0 only (empty
-        elsewhere) with ``rank0_only``."""
-        return state_dict.full_state_dict(self, rank0_only)
-
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Collective. Scale the sharded gradients so their global L2 norm is at most
-        ``max_norm``; return the norm before clipping (tied weights counted once)."""
-        if max_norm <= 0:
-            raise ValueError(f"max_norm must be positive, got {max_norm}")
-        grads = [p.grad for p in self.master_parameters() if p.grad is not None]
-        total = torch.zeros((), dtype=torch.float64, device=self.topology.device)
-        for grad in grads:
-            total += grad.double().pow(2).sum()
-        self._comm.all_reduce_sum(total, self._world, "grad_norm")
-        norm = total.sqrt().float()
-        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for grad in grads:
-            grad.mul_(coefficient.to(grad.device))
-        return norm
-
-    @torch.no_grad()
-    def gather_master(self, flat: FlatParam, phase: str) -> torch.Tensor:
-        """Collective: every rank's fp32 master shard of ``flat``, [padded_numel]."""
-        gathered = torch.empty(flat.padded_numel, dtype=torch.float32, device=flat.master.device)
-        work = self._comm.all_gather(gathered, flat.master.detach(), self._world, phase, flat.name)
-        if work is not None:
-            work.wait()
-        return gathered
 
     # ----------------------------------------------------------------- gathering
     def _phase(self) -> str:

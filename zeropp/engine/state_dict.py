@@ -3,7 +3,9 @@
 Sharded (the default): every parameter under its original name as a ``ShardedTensor`` of
 the parameter flattened to 1-D, [numel], whose local shard is this rank's piece (a view of
 the fp32 master, so ``torch.distributed.checkpoint`` loads straight into it, resharding
-from any world size). Buffers are whole, plain tensors. Full (on request): plain fp32
+from any world size). The values answer what code inspecting a state dict asks of a
+tensor: ``numel()`` and ``shape`` of the whole (flattened) parameter, ``dtype``, and
+``device`` where this rank's shard lives (see :class:`FlatShardedTensor`). Buffers are whole, plain tensors. Full (on request): plain fp32
 tensors in the original shapes, on CPU, on rank 0 only or on every rank.
 """
 
@@ -18,6 +20,26 @@ from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetada
 
 from ..sharding import FlatParam
 from ..sharding.flat_param import LocalPiece
+
+
+class FlatShardedTensor(ShardedTensor):
+    """A ``ShardedTensor`` of a flattened parameter that answers ``numel()`` (the plain
+    class raises: torch routes it to a sharded op nobody registered) and ``device`` (the
+    plain class reports the CPU wrapper's, not the shard's).
+
+    Not a ``DTensor``: DTensor shards a dimension in even chunks, while a rank's piece of a
+    parameter is whatever range of it falls in the rank's 1/W of a flat buffer of several
+    parameters (docs/design.md, "State dicts").
+    """
+
+    _shard_device: torch.device
+
+    def numel(self) -> int:
+        return self.metadata().size.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self._shard_device
 
 
 class IncompatibleKeys(NamedTuple):
@@ -44,8 +66,12 @@ def sharded_tensor(model, flat: FlatParam, piece: LocalPiece, local: torch.Tenso
     global_metadata = ShardedTensorMetadata(shards, torch.Size([slot.numel]), properties)
     with warnings.catch_warnings():  # torch recommends DTensor, whose even chunks cannot describe flat shards
         warnings.simplefilter("ignore", FutureWarning)
-        return ShardedTensor._init_from_local_shards_and_global_metadata(
+        value = ShardedTensor._init_from_local_shards_and_global_metadata(
             local_shards, global_metadata, process_group=topology.group("world").handle)
+    # torch's constructor names its class outright; the subclass adds no tensor state
+    value.__class__ = FlatShardedTensor
+    value._shard_device = local.device
+    return value
 
 
 def placement(topology, rank: int) -> str:
