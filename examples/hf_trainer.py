@@ -125,6 +125,7 @@ def main() -> None:
         if training.process_index == 0:
             torch.save(logits, out / "logits.pt")
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # before exit, so no gloo thread outlives Python
 
 
 if __name__ == "__main__":

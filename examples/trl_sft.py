@@ -51,6 +51,7 @@ def main() -> None:
     trainer.train()
     write_losses(trainer, out)
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # before exit, so no gloo thread outlives Python
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The trainers users already run, on zeropp: the Hugging Face Trainer (examples/hf_trainer.py)
-and TRL's SFTTrainer (examples/trl_sft.py) under torchrun, 4 processes as 2 nodes x 2, a
+"""The trainers users already run, on zeropp: the Hugging Face Trainer (examples/hf_trainer.py),
+TRL's SFTTrainer (examples/trl_sft.py), PyTorch Lightning's Trainer and Fabric
+(examples/lightning.py) under torchrun, 4 processes as 2 nodes x 2, a
 tiny Llama-style model, fp32, cosine schedule with warm-up, clipping at 1.0, gradient
 accumulation 2, against the same trainer's own DDP run; a checkpoint written at 4 ranks
 resumed at 2; the saved folder through ``from_pretrained``; a PEFT LoRA model with its
@@ -56,9 +57,36 @@ def sft_runs(tmp_path_factory):
                                   ("zero++", ["--ranks-per-node", "2", "--zero++"]))}
 
 
-@pytest.mark.parametrize("trainer", ["hf_trainer", "trl_sft"])
+def lightning_example(root: Path, *mode: str) -> dict[str, dict[str, list[float]]]:
+    """examples/lightning.py's runs: Lightning's DDP, zeropp exact (a checkpoint after step
+    10), ZeRO++, and the checkpoint resumed at 2 ranks; ``mode`` is ``--fabric`` or nothing."""
+    pytest.importorskip("lightning", reason="PyTorch Lightning: pip install 'zeropp[lightning]'")
+    example = EXAMPLE.parent / "lightning.py"
+    runs = {name: torchrun(4, root / name, *mode, *options, example=example)
+            for name, options in (("ddp", ["--ddp"]), ("zero3", ["--ranks-per-node", "2", "--checkpoint"]),
+                                  ("zero++", ["--ranks-per-node", "2", "--zero++"]))}
+    checkpoint = root / "zero3" / "checkpoints" / ("step=10" if mode else "step=10.ckpt")
+    runs["resumed"] = torchrun(2, root / "resumed", *mode, "--ranks-per-node", "1", "--batch-per-rank", "4",
+                               "--resume", str(checkpoint), example=example)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory):
+    return lightning_example(tmp_path_factory.mktemp("lightning"))
+
+
+@pytest.fixture(scope="module")
+def fabric_runs(tmp_path_factory):
+    return lightning_example(tmp_path_factory.mktemp("fabric"), "--fabric")
+
+
+TRAINER_RUNS = {"hf_trainer": "runs", "trl_sft": "sft_runs", "lightning": "lightning_runs", "fabric": "fabric_runs"}
+
+
+@pytest.mark.parametrize("trainer", TRAINER_RUNS)
 def test_the_exact_path_matches_the_trainers_own_ddp_run_step_by_step(request, trainer):
-    runs = request.getfixturevalue("runs" if trainer == "hf_trainer" else "sft_runs")
+    runs = request.getfixturevalue(TRAINER_RUNS[trainer])
     for rank in range(4):
         zero3, ddp = runs["zero3"][f"rank{rank}"], runs["ddp"][f"rank{rank}"]
         assert len(zero3) == len(ddp) == STEPS
@@ -66,24 +94,25 @@ def test_the_exact_path_matches_the_trainers_own_ddp_run_step_by_step(request, t
     assert runs["ddp"]["mean"][-1] < 0.9 * runs["ddp"]["mean"][0]  # it learned
 
 
-@pytest.mark.parametrize("trainer", ["hf_trainer", "trl_sft"])
+@pytest.mark.parametrize("trainer", TRAINER_RUNS)
 def test_zeropp_stays_within_the_parity_tests_tolerance(request, trainer):
-    runs = request.getfixturevalue("runs" if trainer == "hf_trainer" else "sft_runs")
+    runs = request.getfixturevalue(TRAINER_RUNS[trainer])
     for rank in range(4):  # as tests/test_zeropp_training.py: 2% of the exact loss at every step
         compressed, ddp = runs["zero++"][f"rank{rank}"], runs["ddp"][f"rank{rank}"]
         assert all(abs(a - b) <= 0.02 * b for a, b in zip(compressed, ddp)), (rank, compressed, ddp)
 
 
-def test_a_checkpoint_written_at_4_ranks_resumes_at_2(runs):
+@pytest.mark.parametrize("trainer", ["hf_trainer", "lightning", "fabric"])
+def test_a_checkpoint_written_at_4_ranks_resumes_at_2(request, trainer):
     # Two ranks of 4 sequences see the global batches four ranks of 2 saw: the mean loss
     # over ranks of each step after the checkpoint is the uninterrupted run's.
+    runs = request.getfixturevalue(TRAINER_RUNS[trainer])
     resumed, uninterrupted = runs["resumed"]["mean"], runs["zero3"]["mean"][10:]
     assert len(resumed) == STEPS - 10
     assert max(abs(a - b) for a, b in zip(resumed, uninterrupted)) <= 1e-5, (resumed, uninterrupted)
 
 
 def test_the_saved_folder_loads_with_from_pretrained_and_gives_the_sharded_models_logits(runs):
-    sys.path.insert(0, str(EXAMPLE.parent))
     from hf_trainer import DEFAULT_DATA, ByteSequences
 
     folder = runs["root"] / "zero3"
@@ -118,7 +147,6 @@ def test_lora_with_a_mixzpp_base_trains_as_peft_under_ddp_and_its_base_stops_cro
 def test_the_saved_adapter_loads_with_peft(peft_runs):
     from peft import PeftModel
 
-    sys.path.insert(0, str(EXAMPLE.parent))
     from hf_trainer import DEFAULT_DATA, ByteSequences, tiny_llama
 
     folder = peft_runs["root"] / "mixz++"

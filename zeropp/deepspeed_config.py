@@ -69,6 +69,18 @@ def load_deepspeed_config(source: dict | str | Path) -> tuple[ZeroConfig, dict]:
     return ZeroConfig(**fields), training
 
 
+def zero_config_from(source: ZeroConfig | dict | str | Path | None) -> ZeroConfig:
+    """A ``ZeroConfig`` as given, or mapped from a DeepSpeed JSON (its unknown keys refused by name)."""
+    if source is None:
+        return ZeroConfig()
+    if isinstance(source, ZeroConfig):
+        return source
+    if isinstance(source, (dict, str, Path)):
+        return load_deepspeed_config(source)[0]
+    raise ValueError("zero_config must be a ZeroConfig, a DeepSpeed JSON path or dict, or None; "
+                     f"got {type(source).__name__}")
+
+
 def _zero_fields(zero: dict) -> dict:
     if not isinstance(zero, dict):
         raise ValueError("zero_optimization must be an object")

@@ -42,7 +42,7 @@ from transformers.trainer import SCHEDULER_NAME, TRAINING_ARGS_NAME
 
 from ..checkpoint import DistributedState
 from ..config import ZeroConfig
-from ..deepspeed_config import load_deepspeed_config
+from ..deepspeed_config import zero_config_from
 from ..engine import ShardedModel
 from ..hf import export_pretrained
 from ..topology import Topology
@@ -50,18 +50,6 @@ from ..topology import Topology
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FOLDER = "zeropp"  # inside each Trainer checkpoint: the DCP files
-
-
-def zero_config_from(source: ZeroConfig | dict | str | Path | None) -> ZeroConfig:
-    """A ``ZeroConfig`` as given, or mapped from a DeepSpeed JSON (its unknown keys refused by name)."""
-    if source is None:
-        return ZeroConfig()
-    if isinstance(source, ZeroConfig):
-        return source
-    if isinstance(source, (dict, str, Path)):
-        return load_deepspeed_config(source)[0]
-    raise ValueError("zero_config must be a ZeroConfig, a DeepSpeed JSON path or dict, or None; "
-                     f"got {type(source).__name__}")
 
 
 def _with_trainer_precision(config: ZeroConfig, args) -> ZeroConfig:
