@@ -73,7 +73,8 @@ def fabric_training(arguments, strategy, dataset) -> list[float]:
                                      num_nodes=int(os.environ.get("WORLD_SIZE", 1)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
                                      strategy=strategy)
     fabric.launch()
-    model = tiny_llama()
+    with fabric.init_module(empty_init=arguments.empty_init):  # meta: zeropp initialises unit by unit
+        model = tiny_llama()
     model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01))
     schedule = transformers.get_cosine_schedule_with_warmup(optimizer, 3, arguments.steps)
     state = {"model": model, "optimizer": optimizer, "schedule": schedule, "step": 0}
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", action="store_true", help="a checkpoint folder at the end of each epoch")
     parser.add_argument("--resume", default=None, help="a checkpoint folder to resume from, at any world size")
     parser.add_argument("--fabric", action="store_true", help="a Lightning Fabric loop instead of the Trainer")
+    parser.add_argument("--empty-init", action="store_true", help="Fabric: build the model on the meta device")
     arguments = parser.parse_args()
     out = Path(arguments.out)
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))

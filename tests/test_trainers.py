@@ -81,6 +81,13 @@ def fabric_runs(tmp_path_factory):
     return lightning_example(tmp_path_factory.mktemp("fabric"), "--fabric")
 
 
+def test_fabric_builds_on_the_meta_device_and_trains(tmp_path):
+    pytest.importorskip("lightning", reason="PyTorch Lightning: pip install 'zeropp[lightning]'")
+    losses = torchrun(4, tmp_path, "--fabric", "--empty-init", "--ranks-per-node", "2",
+                      example=EXAMPLE.parent / "lightning.py")["mean"]
+    assert len(losses) == STEPS and losses[-1] < 0.9 * losses[0], losses
+
+
 TRAINER_RUNS = {"hf_trainer": "runs", "trl_sft": "sft_runs", "lightning": "lightning_runs", "fabric": "fabric_runs"}
 
 
