@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.fabric.strategies as fabric_strategies
@@ -91,10 +92,7 @@ class ZeroppStrategy(DDPStrategy):
     def __init__(self, config: ZeroConfig | dict | str | Path | None = None, *, ranks_per_node: int | None = None,
                  unit_classes="auto", seed: int = 0, **ddp_arguments) -> None:
         super().__init__(precision_plugin=None, **ddp_arguments)
-        self.zero_config = zero_config_from(config)
-        self.ranks_per_node = ranks_per_node
-        self.unit_classes = unit_classes
-        self.seed = seed
+        self.sharding = Sharding(zero_config_from(config), ranks_per_node, unit_classes, seed)
         self._sharded: ShardedModel | None = None
         self.precision_plugin = ShardedPrecision(self)
 
@@ -120,7 +118,7 @@ class ZeroppStrategy(DDPStrategy):
     def _setup_model(self, model: torch.nn.Module) -> ShardedModel:
         if self._sharded is not None and model in (self._sharded, self._sharded.module):
             return self._sharded  # fit, then validate: the module is sharded already
-        self._sharded = _shard(model, self, self.root_device)
+        self._sharded = self.sharding.shard(model, self.root_device)
         return self._sharded
 
     def model_to_device(self) -> None:
@@ -199,11 +197,21 @@ class ZeroppStrategy(DDPStrategy):
         return False
 
 
-def _shard(module: torch.nn.Module, strategy, device: torch.device) -> ShardedModel:
-    on_meta = any(param.is_meta for param in module.parameters())
-    topology = Topology.from_environment(ranks_per_node=strategy.ranks_per_node, device=device)
-    return ShardedModel(module, topology, strategy.zero_config, unit_classes=strategy.unit_classes,
-                        init=RunInitializers(strategy.seed) if on_meta else None)
+@dataclass(frozen=True)
+class Sharding:
+    """How both strategies shard a module: the config, the node size, the unit classes and
+    the seed of a meta-device module's unit-by-unit initialisation."""
+
+    config: ZeroConfig
+    ranks_per_node: int | None
+    unit_classes: object
+    seed: int
+
+    def shard(self, module: torch.nn.Module, device: torch.device) -> ShardedModel:
+        on_meta = any(param.is_meta for param in module.parameters())
+        topology = Topology.from_environment(ranks_per_node=self.ranks_per_node, device=device)
+        return ShardedModel(module, topology, self.config, unit_classes=self.unit_classes,
+                            init=RunInitializers(self.seed) if on_meta else None)
 
 
 def _unwrap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -221,10 +229,7 @@ class ZeroppFabricStrategy(fabric_strategies.DDPStrategy):
     def __init__(self, config: ZeroConfig | dict | str | Path | None = None, *, ranks_per_node: int | None = None,
                  unit_classes="auto", seed: int = 0, **ddp_arguments) -> None:
         super().__init__(**ddp_arguments)
-        self.zero_config = zero_config_from(config)
-        self.ranks_per_node = ranks_per_node
-        self.unit_classes = unit_classes
-        self.seed = seed
+        self.sharding = Sharding(zero_config_from(config), ranks_per_node, unit_classes, seed)
         self._sharded: ShardedModel | None = None
         self._backward_sync_control = _NodeAccumulation()
 
@@ -249,7 +254,7 @@ class ZeroppFabricStrategy(fabric_strategies.DDPStrategy):
             raise ValueError(f"Fabric(precision={self.precision.precision!r}): ZeroppFabricStrategy computes in "
                              "the ZeroConfig's compute_dtype; leave precision at '32-true' and set "
                              "ZeroConfig(compute_dtype='bf16')")
-        self._sharded = _shard(module, self, self.root_device)
+        self._sharded = self.sharding.shard(module, self.root_device)
         return self._sharded
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
