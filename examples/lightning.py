@@ -131,6 +131,7 @@ def main() -> None:
         module = CausalLanguageModel(arguments.steps)  # only to keep the losses
         module.micro_step_losses = fabric_training(arguments, strategy_class(**options), dataset)
         write_losses(module, arguments.accumulation, out)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
         return
     strategy = strategy_class(**options)
