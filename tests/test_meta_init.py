@@ -153,8 +153,9 @@ def test_no_rank_holds_the_whole_model_while_wrapping_a_meta_model(monkeypatch):
     # Large blocks straight from mmap: freed tensors leave the resident set at once, so the
     # peak measures the tensors alive, not how glibc's heap happened to fragment.
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
-    meta = spawn_ranks(construction_peak, 4, (True,))
-    eager = spawn_ranks(construction_peak, 4, (False,))
+    # Fresh interpreters: glibc reads the threshold at start, which a forked rank skips.
+    meta = spawn_ranks(construction_peak, 4, (True,), start_method="spawn")
+    eager = spawn_ranks(construction_peak, 4, (False,), start_method="spawn")
     model_bytes = meta[0][1]
     for peak, _ in meta:  # a quarter of the model, plus one unit (an eighth) being initialised
         assert peak < 0.5 * model_bytes, (peak, model_bytes)

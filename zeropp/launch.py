@@ -33,12 +33,17 @@ def free_port() -> int:
 
 def spawn_ranks(
     fn, world_size: int, args: tuple = (), timeout_s: float = 600.0, threads_per_rank: int = 1,
-    collective_timeout_s: float = 300.0, backend: str = "gloo",
+    collective_timeout_s: float = 300.0, backend: str = "gloo", start_method: str = "forkserver",
 ):
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` new ranks of a ``backend``
     process group (gloo; ``"cpu:gloo,cuda:nccl"`` puts rank r on GPU r); return every rank's
     result (None for a rank that exited without one). ``collective_timeout_s`` is the world
     process group's timeout."""
+    if start_method == "forkserver":
+        # The fork server imports torch once; every rank forks from it instead of starting
+        # a fresh interpreter (about 2 s of a 4-rank start on 2 cores). A rank forked this
+        # way inherits the fork server's environment, not the caller's.
+        mp.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", "zeropp"])
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="zeropp-ranks-") as folder:
         context = mp.start_processes(
@@ -46,7 +51,7 @@ def spawn_ranks(
             args=(fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s, backend),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method=start_method,
         )
         deadline = time.monotonic() + timeout_s
         try:
