@@ -116,3 +116,13 @@ def replaced_parameter(rank, world_size):
 def test_parameter_replaced_after_wrapping_is_named():
     with pytest.raises(ValueError, match=r"ln_final.weight was replaced after wrapping \(now shape \(3,\)"):
         spawn_ranks(replaced_parameter, 1)
+
+
+def _environment_variable(rank, world_size, name):
+    return os.environ.get(name)
+
+
+def test_ranks_see_the_callers_environment_not_the_fork_servers(monkeypatch):
+    spawn_ranks(_environment_variable, 2, ("ZEROPP_TEST_VARIABLE",))  # the fork server is running now
+    monkeypatch.setenv("ZEROPP_TEST_VARIABLE", "set after the server started")
+    assert spawn_ranks(_environment_variable, 2, ("ZEROPP_TEST_VARIABLE",)) == ["set after the server started"] * 2

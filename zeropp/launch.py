@@ -38,17 +38,18 @@ def spawn_ranks(
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` new ranks of a ``backend``
     process group (gloo; ``"cpu:gloo,cuda:nccl"`` puts rank r on GPU r); return every rank's
     result (None for a rank that exited without one). ``collective_timeout_s`` is the world
-    process group's timeout."""
+    process group's timeout. Each rank sees the caller's environment; a variable read only
+    when a process starts (glibc's ``MALLOC_*``) needs ``start_method="spawn"``."""
     if start_method == "forkserver":
         # The fork server imports torch once; every rank forks from it instead of starting
-        # a fresh interpreter (about 2 s of a 4-rank start on 2 cores). A rank forked this
-        # way inherits the fork server's environment, not the caller's.
+        # a fresh interpreter (about 2 s of a 4-rank start on 2 cores).
         mp.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", "zeropp"])
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="zeropp-ranks-") as folder:
         context = mp.start_processes(
             _rank_main,
-            args=(fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s, backend),
+            args=(fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s, backend,
+                  dict(os.environ)),
             nprocs=world_size,
             join=False,
             start_method=start_method,
@@ -80,7 +81,11 @@ def _reraise_rank_error(folder: Path, world_size: int, error: Exception) -> None
     raise RuntimeError(f"a rank failed:\n{error}") from None
 
 
-def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s, backend) -> None:
+def _rank_main(rank, fn, world_size, args, port, folder, threads_per_rank, collective_timeout_s, backend,
+               environment) -> None:
+    # A forked rank starts with the fork server's environment, captured when it started.
+    os.environ.clear()
+    os.environ.update(environment)
     torch.set_num_threads(threads_per_rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
