@@ -3,7 +3,7 @@
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: demo test gpu-check bench bench-cluster setup deepspeed-setup
+.PHONY: demo test gpu-check bench bench-cluster setup deepspeed-setup results results-full
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -64,3 +64,14 @@ bench-cluster: setup deepspeed-setup
 		--variants zero++,zero++-log-grid --out benchmarks/results/throughput/quality_slow
 	$(VENV)/bin/zeropp bench replan --out benchmarks/results/replan
 	$(VENV)/bin/zeropp bench sweep --repetitions 3 --out benchmarks/results/sweep
+
+# Every figure of the README and docs/results at one clean commit (root; docs/results/README.md):
+# the quick tier (about 40 minutes on 2 cores) or the full one (hours; rerun with --resume),
+# then the figure blocks rewritten from the stored JSON. A dirty tree is refused.
+results: setup deepspeed-setup
+	$(VENV)/bin/zeropp results run --tier quick
+	$(VENV)/bin/zeropp results render
+
+results-full: setup deepspeed-setup
+	$(VENV)/bin/zeropp results run --tier full
+	$(VENV)/bin/zeropp results render

@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
 
+# Results a run writes into the repository do not make the tree it ran from dirty.
+RESULTS_FOLDER = "benchmarks/results"
+
+
 def provenance() -> dict:
-    return {"git_commit": _git_commit(), "machine": machine(), "torch": torch.__version__,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    commit, clean = _git_state()
+    return {"git_commit": commit if clean or commit is None else commit + "-dirty", "clean_tree": clean,
+            "machine": machine(), "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "command": shlex.join([_program(), *sys.argv[1:]])}
+
+
+def _program() -> str:
+    name = Path(sys.argv[0]).name
+    return "zeropp" if name == "main.py" and "zeropp_tools" in sys.argv[0] else name
 
 
 def machine() -> dict:
@@ -29,15 +43,20 @@ def machine() -> dict:
     return info
 
 
-def _git_commit() -> str | None:
+def _git_state() -> tuple[str | None, bool]:
+    """(HEAD's commit, whether the tree outside the results folder is clean); (None, False)
+    outside a git checkout."""
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=Path(__file__).parent)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
-                               cwd=Path(__file__).parent).stdout.strip()
-        return result.stdout.strip() + ("-dirty" if dirty else "")
+        commit = _git("rev-parse", "HEAD").strip()
+        changes = _git("status", "--porcelain", "--", ":(top)", f":(top,exclude){RESULTS_FOLDER}").strip()
     except (OSError, subprocess.CalledProcessError):
-        return None
+        return None, False
+    return commit, not changes
+
+
+def _git(*arguments: str) -> str:
+    return subprocess.run(["git", *arguments], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).parent).stdout
 
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")

@@ -47,6 +47,8 @@ def _dispatch(arguments, argv: list[str] | None) -> int:
         return run_training(arguments, explicitly_given(argv))
     if arguments.command == "bench":
         return _run_bench(arguments)
+    if arguments.command == "results":
+        return _run_results(arguments)
     if arguments.command == "export":
         return _run_export(arguments)
     if arguments.command == "cluster":
@@ -115,6 +117,25 @@ def measure_export(checkpoint, output) -> dict:
     size = model_bytes(read_metadata(resolve_checkpoint(checkpoint)))
     written, peak = peak_rss_increase(lambda: export_consolidated(checkpoint, output))
     return {"output": str(written), "model_bytes": size, "peak_rss_increase_bytes": peak}
+
+
+def _run_results(arguments) -> int:
+    from pathlib import Path
+
+    from zeropp_tools.bench.provenance import RESULTS_FOLDER
+    from zeropp_tools.results.render import render_files
+    from zeropp_tools.results.runner import run_tier
+
+    repository = Path(__file__).resolve().parents[2]
+    if arguments.results == "run":
+        return run_tier(arguments.tier, repository, arguments.allow_dirty, arguments.resume)
+    differences = render_files(repository, repository / RESULTS_FOLDER, write=arguments.results == "render")
+    for difference in differences:
+        logger.info("%s", difference)
+    if arguments.results == "render":
+        logger.info("rendered %d file(s) from %s", len(differences), RESULTS_FOLDER)
+        return 0
+    return 1 if differences else 0
 
 
 def _run_bench(arguments) -> int:

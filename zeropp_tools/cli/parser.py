@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(commands)
     _add_study(commands)
     _add_bench(commands)
+    _add_results(commands)
     _add_dryrun(commands)
     add_rlhf_arguments(_subcommand(
         commands, "rlhf", "RLHF: SFT, a reward model, PPO over four sharded models",
@@ -166,6 +167,23 @@ def _add_study(commands) -> None:
                                   "else fp32 (the stored small-model study is fp32)")
     convergence.add_argument("--out", default="runs/convergence", help="folder for the runs, table and plot")
     convergence.add_argument("--report-only", action="store_true", help="rebuild table and plot from finished runs")
+
+
+def _add_results(commands) -> None:
+    results = _subcommand(commands, "results", "every stated figure at one commit, and the docs written from it",
+                          "Run a tier of benchmarks at one clean commit into benchmarks/results/<tier>/ (run), write the\n"
+                          "README's and docs/results' figure blocks from the stored JSON (render), or fail where a\n"
+                          "block differs from them (check).")
+    actions = results.add_subparsers(dest="results", required=True, metavar="ACTION")
+    run = _subcommand(actions, "run", "run a tier's benchmarks (root: they shape emulated links)")
+    run.add_argument("--tier", default="quick", choices=("quick", "full"),
+                     help="quick: the README's figures at reduced repetitions (about 40 min on 2 cores); "
+                          "full: everything docs/results states (hours)")
+    run.add_argument("--allow-dirty", action="store_true",
+                     help="run with uncommitted changes (every result is then marked not citable)")
+    run.add_argument("--resume", action="store_true", help="skip the runs done at this commit, finish the rest")
+    _subcommand(actions, "render", "rewrite the figure blocks of README.md and docs/results from the results")
+    _subcommand(actions, "check", "exit 1 when a figure block differs from the stored results")
 
 
 def _add_bench(commands) -> None:

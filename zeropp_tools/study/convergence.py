@@ -146,7 +146,7 @@ def run_study(base: TrainConfig, out: Path, seeds: list[int], report_only: bool 
             results.setdefault(name, {})[seed] = _run_once(base, out, name, seed, zero, world_size)
     if BASELINE not in results:
         raise ValueError(f"no finished {BASELINE} run in {out}: nothing to compare against")
-    report = _table(results)
+    report = _table(results) | {"provenance": _study_provenance(results)}
     (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "table.md").write_text(_markdown(report) + "\n")
     curves = {}
@@ -158,6 +158,17 @@ def run_study(base: TrainConfig, out: Path, seeds: list[int], report_only: bool 
     _plot(results, out)
     logger.info(_markdown(report))
     return report
+
+
+def _study_provenance(results: dict[str, dict[int, dict]]) -> dict:
+    """This report's provenance, citable only when every run was trained at its commit on a
+    clean tree (runs reused from an earlier study may come from other commits)."""
+    source = provenance()
+    commits = sorted({str(run.get("provenance", {}).get("git_commit")) for runs in results.values()
+                      for run in runs.values()})
+    source["run_commits"] = commits
+    source["clean_tree"] = source["clean_tree"] and commits == [source["git_commit"]]
+    return source
 
 
 def _table(results: dict[str, dict[int, dict]]) -> dict:

@@ -1,0 +1,73 @@
+"""``make results``: figures rendered from the stored JSON, held to one clean commit."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zeropp_tools.results import runner
+from zeropp_tools.results.render import StoredResults, render_text
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+MACHINE = {"cpu_model": "Test CPU", "cores": 2, "cpu_flags": ["avx2"]}
+
+
+def _comm_report(commit: str, clean: bool, inter_node: int = 210) -> dict:
+    def row(inter):
+        bytes_ = {"intra_node": 100, "inter_node": inter}
+        return {"measured": bytes_, "predicted": dict(bytes_), "inter_node_vs_zero3": inter / 1000}
+
+    return {"layouts": {"2x2": {"zero3": row(1000), "zero++": row(inter_node)}},
+            "provenance": {"git_commit": commit, "clean_tree": clean, "machine": MACHINE, "cpu_capability": "AVX2",
+                           "torch": "2.13.0", "command": "zeropp bench comm --layouts 2x2"}}
+
+
+def _results(folder: Path, report: dict) -> StoredResults:
+    (folder / "quick").mkdir(parents=True)
+    (folder / "quick" / "comm.json").write_text(json.dumps(report))
+    return StoredResults(folder)
+
+
+BLOCK = "Before.\n<!-- results: bytes -->\nold text\n<!-- /results -->\nAfter.\n"
+
+
+def test_a_block_is_written_from_the_json_and_a_figure_edited_by_hand_differs(tmp_path):
+    rendered = render_text(BLOCK, _results(tmp_path, _comm_report(COMMIT, True)))
+    assert "0.210x on 2 x 2" in rendered and "equal to the analytic prediction" in rendered
+    assert rendered.startswith("Before.\n") and rendered.endswith("<!-- /results -->\nAfter.\n")
+    assert render_text(rendered, StoredResults(tmp_path)) == rendered  # rendering again changes nothing
+    edited = rendered.replace("0.210x", "0.200x")
+    assert render_text(edited, StoredResults(tmp_path)) != edited
+
+
+@pytest.mark.parametrize("commit,clean", [(COMMIT + "-dirty", False), (COMMIT, False), (None, False)])
+def test_a_result_from_a_dirty_tree_or_without_a_commit_is_not_cited(tmp_path, commit, clean):
+    with pytest.raises(ValueError, match="not at a clean commit"):
+        render_text(BLOCK, _results(tmp_path, _comm_report(commit, clean)))
+
+
+def test_one_block_cannot_cite_two_commits(tmp_path):
+    results = _results(tmp_path, _comm_report(COMMIT, True))
+    (tmp_path / "quick" / "other.json").write_text(json.dumps(_comm_report("f" * 40, True)))
+    results.load("quick/comm.json")
+    results.load("quick/other.json")
+    with pytest.raises(ValueError, match="2 commits"):
+        results.commit()
+
+
+def test_an_unknown_block_name_is_an_error_naming_the_known_ones(tmp_path):
+    with pytest.raises(ValueError, match="names no section; known: .*'bytes'"):
+        render_text("<!-- results: byts -->\n<!-- /results -->\n", StoredResults(tmp_path))
+
+
+def test_a_tier_refuses_a_dirty_tree_and_a_resume_at_another_commit(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "provenance", lambda: {"git_commit": COMMIT + "-dirty", "clean_tree": False})
+    with pytest.raises(ValueError, match="uncommitted changes"):
+        runner.run_tier("quick", tmp_path)
+    with pytest.raises(ValueError, match="--tier 'fast' is not a tier; allowed values: \\['full', 'quick'\\]"):
+        runner.run_tier("fast", tmp_path)
+    folder = tmp_path / "benchmarks" / "results" / "quick"
+    folder.mkdir(parents=True)
+    (folder / runner.MANIFEST).write_text(json.dumps({"provenance": {"git_commit": "f" * 40}, "runs": {}}))
+    with pytest.raises(ValueError, match="one tier holds one commit"):
+        runner._start_manifest(folder, "quick", {"git_commit": COMMIT}, resume=True)

@@ -1,0 +1,128 @@
+"""What each ``<!-- results: NAME -->`` block says, written from the stored JSON only.
+
+A section reads the files it cites through :class:`~zeropp_tools.results.render.StoredResults`
+(one clean commit per block) and returns markdown. The quick tier (``quick/``) holds the
+README's figures; the full tier (``full/``) the longer studies, and a section whose study has
+not run at a clean commit says so instead of quoting older figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from zeropp_tools.bench import accumulation, throughput
+from zeropp_tools.bench.comm import format_report
+from zeropp_tools.bench.memory_report import markdown as memory_markdown
+
+QUICK = "quick"
+FULL = "full"
+
+
+def _label(bandwidth: str) -> str:
+    return "unshaped" if bandwidth in ("none", "unshaped") else f"{bandwidth} Mbit/s"
+
+
+def _source(report: dict) -> str:
+    source = report.get("provenance", report)
+    machine = source["machine"]
+    return (f"commit {source['git_commit'][:7]}, {machine['cpu_model']} ({machine['cores']} cores, "
+            f"{source['cpu_capability']})")
+
+
+def bytes_bullet(results) -> str:
+    report = results.load(f"{QUICK}/comm.json")
+    ratios = {layout: rows["zero++"] for layout, rows in report["layouts"].items()}
+    exact = all(row["measured"] == row["predicted"] for rows in report["layouts"].values() for row in rows.values())
+    layouts = ", ".join(f"{row['inter_node_vs_zero3']:.3f}x on {layout.replace('x', ' x ')}"
+                        for layout, row in ratios.items())
+    agreement = "equal to" if exact else "not equal to"
+    return (f"- **Bytes**: qwZ + hpZ + qgZ leave a node's link {layouts} of ZeRO-3's bytes per step,\n"
+            f"  {agreement} the analytic prediction ({_source(report)}; [bytes](docs/results/bytes.md)).")
+
+
+def throughput_bullet(results) -> str:
+    report = results.load(f"{QUICK}/throughput/throughput.json")
+    ratios = report["ratios"]
+    slowest = min(ratios, key=lambda bandwidth: float("inf") if bandwidth == "none" else -float(bandwidth))
+    peers = ratios[slowest]
+    figures = "; ".join(f"{_label(bandwidth)} {entry['zero++_vs_zero3']:.2f}x"
+                        for bandwidth, entry in ratios.items() if bandwidth != slowest)
+    return (f"- **Throughput** (medians of {report['repetitions']} interleaved runs, {report['precision']['compute_dtype']}): "
+            f"at {_label(slowest)} ZeRO++\n  trains at {peers['zero++_vs_zero3']:.2f}x ZeRO-3's tokens/s, "
+            f"{peers['zero++_vs_best_fsdp2']:.2f}x FSDP2 HSDP's and {peers['zero++_vs_best_deepspeed']:.2f}x "
+            f"DeepSpeed ZeRO++'s;\n  against ZeRO-3 {figures} ({_source(report)}; "
+            f"[throughput](docs/results/throughput.md)).")
+
+
+def accumulation_bullet(results) -> str:
+    report = results.load(f"{QUICK}/accumulation/accumulation.json")
+    k = max(report["accumulations"])
+    cells = {bandwidth: report["ratios"][f"{bandwidth}/{k}"] for bandwidth in report["bandwidths"]}
+    limits = ", ".join(f"{entry['vs_limit']:.2f}x the unshaped limit at {_label(bandwidth)}"
+                       for bandwidth, entry in cells.items())
+    every = ", ".join(f"{entry['vs_every_micro_step']:.2f}x" for entry in cells.values())
+    peers = [value for entry in cells.values() for name, value in entry.items()
+             if name.startswith(("vs_deepspeed", "vs_fsdp2"))]
+    return (f"- **Accumulation**: with `model.no_sync()` gradients cross nodes once per optimizer step; at\n"
+            f"  k = {k}, {limits}; {every} of reducing every micro-step,\n"
+            f"  {min(peers):.2f}-{max(peers):.2f}x the peers' own accumulation ({_source(report)}; "
+            f"[accumulation](docs/results/accumulation.md)).")
+
+
+def memory_bullet(results) -> str:
+    report = results.load(f"{QUICK}/memory/memory.json")
+    fixed = report["fixed"]
+    ours, fsdp2 = max(fixed["zeropp-zero3"]["peak_rss_bytes"]), max(fixed["fsdp2"]["peak_rss_bytes"])
+    parameters = fixed["zeropp-zero3"]["parameters"]
+    return (f"- **Memory**: ZeRO-3 peaks at {ours / 1e9:.2f} GB per rank where FSDP2 takes {fsdp2 / 1e9:.2f} GB "
+            f"({ours / fsdp2:.2f}x) on a\n  {parameters / 1e6:.0f}M-parameter model at 4 ranks ({_source(report)}; "
+            f"[memory](docs/results/memory.md)).")
+
+
+def _not_yet(what: str, page: str, link: str) -> str:
+    return (f"- **{what}**: not yet measured at a clean commit; the full tier (`make results-full`) runs it\n"
+            f"  ([{link}]({page})).")
+
+
+def convergence_bullet(results) -> str:
+    if not results.exists(f"{FULL}/convergence/summary.json"):
+        return _not_yet("Convergence (10 seeds)", "docs/results/convergence.md", "convergence")
+    report = results.load(f"{FULL}/convergence/summary.json")
+    gaps = ", ".join(f"{name} {row['mean_gap_percent']:+.2f}% ± {row['gap_standard_error']:.2f}"
+                     for name, row in report["runs"].items() if name != "zero3" and row["gap_standard_error"])
+    return (f"- **Convergence**: final validation loss against ZeRO-3's over {len(report['seeds'])} seeds (mean gap ±\n"
+            f"  standard error): {gaps} ({_source(report)}; [convergence](docs/results/convergence.md)).")
+
+
+def bytes_table(results) -> str:
+    report = results.load(f"{QUICK}/comm.json")
+    return f"`zeropp {report['provenance']['command'].partition(' ')[2]}`, {_source(report)}:\n\n```\n{format_report(report)}\n```"
+
+
+def throughput_table(results) -> str:
+    report = results.load(f"{QUICK}/throughput/throughput.json")
+    return (throughput.header(report) + throughput.markdown(report) + "\n\n"
+            + throughput.ratios_markdown(report["ratios"]))
+
+
+def accumulation_table(results) -> str:
+    report = results.load(f"{QUICK}/accumulation/accumulation.json")
+    return accumulation.header(report) + accumulation.markdown(report)
+
+
+def memory_table(results) -> str:
+    report = results.load(f"{QUICK}/memory/memory.json")
+    return memory_markdown(report).split("\n", 2)[2]  # without its title: the page has one
+
+
+SECTIONS: dict[str, Callable] = {
+    "bytes": bytes_bullet,
+    "throughput": throughput_bullet,
+    "accumulation": accumulation_bullet,
+    "memory": memory_bullet,
+    "convergence": convergence_bullet,
+    "bytes-table": bytes_table,
+    "throughput-table": throughput_table,
+    "accumulation-table": accumulation_table,
+    "memory-table": memory_table,
+}
