@@ -3,7 +3,7 @@
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: demo test gpu-check bench bench-cluster setup deepspeed-setup results results-full
+.PHONY: demo test gpu-check bench setup deepspeed-setup results results-full
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -45,25 +45,6 @@ $(DEEPSPEED_VENV)/.installed:
 	touch $@
 
 deepspeed-setup: $(DEEPSPEED_VENV)/.installed
-
-# The emulated-cluster tables and plots of docs/results/throughput.md (root; about two
-# hours on 2 cores): peers at their defaults and best set-ups beside zeropp's variants;
-# auto mode over 100 steps (its trials take up to 32), every cell repeated in rotated order; auto mode under a link reshaped mid-run;
-# the speedup against ZeRO-3's network share.
-BENCH_PEERS := fsdp2-hsdp,fsdp2-hsdp-prefetch,deepspeed-zero++,deepspeed-zero++-small-buckets
-bench-cluster: setup deepspeed-setup
-	$(VENV)/bin/zeropp bench throughput --bandwidths none,200 --repetitions 3 --steps 12 \
-		--variants zero3,zero++,zero++-two-hop,auto,$(BENCH_PEERS) --out benchmarks/results/throughput/none_200
-	$(VENV)/bin/zeropp bench throughput --bandwidths none,1000,200 --repetitions 3 --steps 100 \
-		--variants zero++,zero++-two-hop,auto --out benchmarks/results/throughput/auto
-	$(VENV)/bin/zeropp bench throughput --bandwidths 50 --repetitions 3 --steps 30 \
-		--variants zero++,zero++-two-hop,auto --out benchmarks/results/throughput/auto_50
-	$(VENV)/bin/zeropp bench throughput --bandwidths none,1000 --repetitions 3 --steps 20 \
-		--variants zero3,zero++,zero++-log-grid --out benchmarks/results/throughput/quality_fast
-	$(VENV)/bin/zeropp bench throughput --bandwidths 200,50 --repetitions 3 --steps 20 \
-		--variants zero++,zero++-log-grid --out benchmarks/results/throughput/quality_slow
-	$(VENV)/bin/zeropp bench replan --out benchmarks/results/replan
-	$(VENV)/bin/zeropp bench sweep --repetitions 3 --out benchmarks/results/sweep
 
 # Every figure of the README and docs/results at one clean commit (root; docs/results/README.md):
 # the quick tier (about 40 minutes on 2 cores) or the full one (hours; rerun with --resume),

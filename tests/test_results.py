@@ -5,8 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from zeropp_tools.bench.provenance import RESULTS_FOLDER
 from zeropp_tools.results import runner
-from zeropp_tools.results.render import StoredResults, render_text
+from zeropp_tools.results.render import BLOCK, RENDERED_FILES, StoredResults, render_files, render_text
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 MACHINE = {"cpu_model": "Test CPU", "cores": 2, "cpu_flags": ["avx2"]}
@@ -71,3 +74,11 @@ def test_a_tier_refuses_a_dirty_tree_and_a_resume_at_another_commit(tmp_path, mo
     (folder / runner.MANIFEST).write_text(json.dumps({"provenance": {"git_commit": "f" * 40}, "runs": {}}))
     with pytest.raises(ValueError, match="one tier holds one commit"):
         runner._start_manifest(folder, "quick", {"git_commit": COMMIT}, resume=True)
+
+
+def test_the_readme_and_the_results_pages_state_what_the_stored_results_give():
+    differences = render_files(REPOSITORY, REPOSITORY / RESULTS_FOLDER, write=False)
+    assert not differences, "edit the JSON's source, not the figures: `zeropp results render`\n" + "\n".join(differences)
+    readme_blocks = {match["name"] for match in BLOCK.finditer((REPOSITORY / "README.md").read_text())}
+    assert {"bytes", "throughput", "accumulation", "memory", "convergence"} <= readme_blocks
+    assert all(BLOCK.search((REPOSITORY / path).read_text()) for path in RENDERED_FILES)

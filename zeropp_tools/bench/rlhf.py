@@ -114,16 +114,21 @@ def rebuild(out: Path) -> dict:
     return {"provenance": stored["provenance"], "rows": rows}
 
 
-def write_report(result: dict, out: Path) -> None:
-    table = ratios(result["rows"])
-    result = {**result, "ratios": table}
-    (out / "rlhf.json").write_text(json.dumps(result, indent=2) + "\n")
+def ratios_markdown(table: dict) -> str:
     lines = ["| link | generation (c)/(b) | generation (c)/(a) | PPO training ZeRO++/ZeRO-3 | whole iteration (c)/(b) |",
              "|---|---|---|---|---|"]
     for bandwidth, row in table.items():
         label = "unshaped" if bandwidth == "unshaped" else f"{bandwidth} Mbit/s"
         lines.append(f"| {label} | {row['generation_c_over_b']:.2f}x | {row['generation_c_over_a']:.2f}x | "
                      f"{row['training_zeropp_over_zero3']:.2f}x | {row['iteration_zeropp_over_zero3_pinned']:.2f}x |")
+    return "\n".join(lines)
+
+
+def write_report(result: dict, out: Path) -> None:
+    table = ratios(result["rows"])
+    result = {**result, "ratios": table}
+    (out / "rlhf.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [ratios_markdown(table)]
     lines += ["", "| variant | link | rep | gen tokens/s | generation s | scoring s | training s | iteration s | "
               "cross-node MB/iteration | accounted MB, run | link rx MB, run | RSS generating / released vs resting |",
               "|---" * 12 + "|"]

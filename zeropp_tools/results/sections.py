@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from zeropp_tools.bench import accumulation, throughput
+from zeropp_tools import dryrun
+from zeropp_tools.bench import accumulation, rlhf, throughput
 from zeropp_tools.bench.comm import format_report
 from zeropp_tools.bench.memory_report import markdown as memory_markdown
+from zeropp_tools.plan import comparison_markdown
 
 QUICK = "quick"
 FULL = "full"
@@ -105,14 +107,41 @@ def throughput_table(results) -> str:
             + throughput.ratios_markdown(report["ratios"]))
 
 
+def throughput_planner(results) -> str:
+    report = results.load(f"{QUICK}/throughput/throughput.json")
+    return comparison_markdown(report["planner"])
+
+
 def accumulation_table(results) -> str:
     report = results.load(f"{QUICK}/accumulation/accumulation.json")
+    return accumulation.header(report) + accumulation.markdown(report)
+
+
+def accumulation_study(results) -> str:
+    """The full accumulation study (k = 1, 4, 8), from its own clean commit."""
+    report = results.load("accumulation/accumulation.json")
     return accumulation.header(report) + accumulation.markdown(report)
 
 
 def memory_table(results) -> str:
     report = results.load(f"{QUICK}/memory/memory.json")
     return memory_markdown(report).split("\n", 2)[2]  # without its title: the page has one
+
+
+def memory_study(results) -> str:
+    """The memory study with its search for the largest model, from its own clean commit."""
+    report = results.load("memory/memory.json")
+    return memory_markdown(report).split("\n", 2)[2]
+
+
+def dryrun_table(results) -> str:
+    report = results.load("dryrun/dryrun.json")
+    return dryrun.markdown(report).split("\n", 2)[2]
+
+
+def rlhf_table(results) -> str:
+    report = results.load("rlhf/rlhf.json")
+    return f"{_source(report)}, medians of the repetitions:\n\n" + rlhf.ratios_markdown(report["ratios"])
 
 
 SECTIONS: dict[str, Callable] = {
@@ -123,6 +152,11 @@ SECTIONS: dict[str, Callable] = {
     "convergence": convergence_bullet,
     "bytes-table": bytes_table,
     "throughput-table": throughput_table,
+    "throughput-planner": throughput_planner,
     "accumulation-table": accumulation_table,
+    "accumulation-study": accumulation_study,
     "memory-table": memory_table,
+    "memory-study": memory_study,
+    "dryrun-table": dryrun_table,
+    "rlhf-table": rlhf_table,
 }

@@ -1,6 +1,7 @@
 """The benchmark runs of each tier of ``zeropp results run``: the quick tier measures the
 README's figures at reduced repetitions (about 40 minutes on 2 cores); the full tier
-everything docs/results states (hours, resumable)."""
+everything docs/results states (about 18 hours on 2 cores, most of it the ten-seed
+convergence study and the throughput matrix; resumable run by run)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ TIERS = (QUICK, FULL)
 QUICK_PEERS = "fsdp2-hsdp,deepspeed-zero++"
 ALL_PEERS = "fsdp2-hsdp,fsdp2-hsdp-prefetch,deepspeed-zero++,deepspeed-zero++-small-buckets"
 FIXED_SCHEMES = "zero3,qwz,hpz,qgz,qwz+qgz,zero++,zero++-two-hop,zero++-log-grid,deltas"
+AUTO_CHOICES = "zero3,hpz,qwz,qgz,qwz+qgz,zero++,zero++-two-hop"  # the schemes auto mode chooses among
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,15 @@ FULL_RUNS = (
     _run("comm", "bench comm --layouts 2x2,2x4,4x2 --out {out}/comm.json", False, 3),
     _run("quantization", "bench quant --out {out}/quant.json", False, 2),
     _run("gradient-error", "bench grad-error --out {out}/gradient_error.json", False, 5),
-    _run("throughput", f"bench throughput --bandwidths none,1000,200,50 --variants {FIXED_SCHEMES},auto,{ALL_PEERS} "
-                       "--repetitions 3 --steps 30 --out {out}/throughput", True, 150, resumable=True),
+    _run("throughput", f"bench throughput --bandwidths none,1000,200,50 --variants {FIXED_SCHEMES},{ALL_PEERS} "
+                       "--repetitions 3 --steps 30 --out {out}/throughput", True, 180, resumable=True),
+    # Auto mode's trials take up to 32 steps: 100-step runs beside the schemes it chooses among.
+    _run("auto", f"bench throughput --bandwidths none,1000,200 --variants {AUTO_CHOICES},auto "
+                 "--repetitions 3 --steps 100 --out {out}/auto", True, 120, resumable=True),
+    _run("auto-50", f"bench throughput --bandwidths 50 --variants {AUTO_CHOICES},auto "
+                    "--repetitions 3 --steps 30 --out {out}/auto_50", True, 60, resumable=True),
+    _run("replan", "bench replan --out {out}/replan", True, 15),
+    _run("sweep", "bench sweep --repetitions 3 --out {out}/sweep", True, 40),
     _run("accumulation", "bench accumulation --out {out}/accumulation", True, 60, resumable=True),
     _run("memory", "bench memory --out {out}/memory", False, 40),
     _run("faults", "bench faults --out {out}/faults", True, 20),
