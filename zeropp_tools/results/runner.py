@@ -69,7 +69,7 @@ def _start_manifest(folder: Path, tier: str, source: dict, resume: bool) -> dict
 
 
 def _execute(run: Run, folder: Path, repository: Path, resume: bool) -> dict:
-    command = [sys.executable, "-m", "zeropp_tools.cli.main", *run.command(str(folder), resume)]
+    command = [sys.executable, "-m", "zeropp_tools.cli.main", *run.command(str(folder.relative_to(repository)), resume)]
     started = time.monotonic()
     with open(folder / f"{run.name}.log", "w") as log:
         exit_code = subprocess.run(command, cwd=repository, stdout=log, stderr=subprocess.STDOUT).returncode

@@ -8,6 +8,8 @@ not run at a clean commit says so instead of quoting older figures.
 
 from __future__ import annotations
 
+import shlex
+import textwrap
 from collections.abc import Callable
 
 from zeropp_tools import dryrun
@@ -24,10 +26,24 @@ def _label(bandwidth: str) -> str:
     return "unshaped" if bandwidth in ("none", "unshaped") else f"{bandwidth} Mbit/s"
 
 
+def _bullet(text: str) -> str:
+    """One list item wrapped as the README's lines are."""
+    return textwrap.fill(text, width=94, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def _command(report: dict) -> str:
+    """The command that measured ``report``, without its output folder (a path on that machine)."""
+    words = shlex.split(report.get("provenance", report)["command"])
+    if "--out" in words:
+        index = words.index("--out")
+        del words[index:index + 2]
+    return shlex.join(words)
+
+
 def _source(report: dict) -> str:
     source = report.get("provenance", report)
     machine = source["machine"]
-    return (f"commit {source['git_commit'][:7]}, {machine['cpu_model']} ({machine['cores']} cores, "
+    return (f"commit {source['git_commit'][:7]}, {machine['cpu_model'].replace('(R)', '')} ({machine['cores']} cores, "
             f"{source['cpu_capability']})")
 
 
@@ -35,11 +51,12 @@ def bytes_bullet(results) -> str:
     report = results.load(f"{QUICK}/comm.json")
     ratios = {layout: rows["zero++"] for layout, rows in report["layouts"].items()}
     exact = all(row["measured"] == row["predicted"] for rows in report["layouts"].values() for row in rows.values())
-    layouts = ", ".join(f"{row['inter_node_vs_zero3']:.3f}x on {layout.replace('x', ' x ')}"
-                        for layout, row in ratios.items())
+    first, *others = [f"{row['inter_node_vs_zero3']:.3f}x" + (" of ZeRO-3's bytes per step" if index == 0 else "")
+                      + f" on {layout}" for index, (layout, row) in enumerate(ratios.items())]
+    layouts = " and ".join([first, *others])
     agreement = "equal to" if exact else "not equal to"
-    return (f"- **Bytes**: qwZ + hpZ + qgZ leave a node's link {layouts} of ZeRO-3's bytes per step,\n"
-            f"  {agreement} the analytic prediction ({_source(report)}; [bytes](docs/results/bytes.md)).")
+    return _bullet(f"- **Bytes**: with qwZ + hpZ + qgZ a node's link carries {layouts}, "
+                   f"{agreement} the analytic prediction ({_source(report)}; [bytes](docs/results/bytes.md)).")
 
 
 def throughput_bullet(results) -> str:
@@ -49,11 +66,11 @@ def throughput_bullet(results) -> str:
     peers = ratios[slowest]
     figures = "; ".join(f"{_label(bandwidth)} {entry['zero++_vs_zero3']:.2f}x"
                         for bandwidth, entry in ratios.items() if bandwidth != slowest)
-    return (f"- **Throughput** (medians of {report['repetitions']} interleaved runs, {report['precision']['compute_dtype']}): "
-            f"at {_label(slowest)} ZeRO++\n  trains at {peers['zero++_vs_zero3']:.2f}x ZeRO-3's tokens/s, "
-            f"{peers['zero++_vs_best_fsdp2']:.2f}x FSDP2 HSDP's and {peers['zero++_vs_best_deepspeed']:.2f}x "
-            f"DeepSpeed ZeRO++'s;\n  against ZeRO-3 {figures} ({_source(report)}; "
-            f"[throughput](docs/results/throughput.md)).")
+    return _bullet(f"- **Throughput** (medians of {report['repetitions']} interleaved runs, "
+                   f"{report['precision']['compute_dtype']}): at {_label(slowest)} ZeRO++ trains at "
+                   f"{peers['zero++_vs_zero3']:.2f}x ZeRO-3's tokens/s, {peers['zero++_vs_best_fsdp2']:.2f}x FSDP2 "
+                   f"HSDP's and {peers['zero++_vs_best_deepspeed']:.2f}x DeepSpeed ZeRO++'s; against ZeRO-3 "
+                   f"{figures} ({_source(report)}; [throughput](docs/results/throughput.md)).")
 
 
 def accumulation_bullet(results) -> str:
@@ -65,10 +82,9 @@ def accumulation_bullet(results) -> str:
     every = ", ".join(f"{entry['vs_every_micro_step']:.2f}x" for entry in cells.values())
     peers = [value for entry in cells.values() for name, value in entry.items()
              if name.startswith(("vs_deepspeed", "vs_fsdp2"))]
-    return (f"- **Accumulation**: with `model.no_sync()` gradients cross nodes once per optimizer step; at\n"
-            f"  k = {k}, {limits}; {every} of reducing every micro-step,\n"
-            f"  {min(peers):.2f}-{max(peers):.2f}x the peers' own accumulation ({_source(report)}; "
-            f"[accumulation](docs/results/accumulation.md)).")
+    return _bullet(f"- **Accumulation**: with `model.no_sync()` gradients cross nodes once per optimizer step; "
+                   f"at k = {k}, {limits}; {every} of reducing every micro-step, {min(peers):.2f}-{max(peers):.2f}x "
+                   f"the peers' own accumulation ({_source(report)}; [accumulation](docs/results/accumulation.md)).")
 
 
 def memory_bullet(results) -> str:
@@ -76,14 +92,14 @@ def memory_bullet(results) -> str:
     fixed = report["fixed"]
     ours, fsdp2 = max(fixed["zeropp-zero3"]["peak_rss_bytes"]), max(fixed["fsdp2"]["peak_rss_bytes"])
     parameters = fixed["zeropp-zero3"]["parameters"]
-    return (f"- **Memory**: ZeRO-3 peaks at {ours / 1e9:.2f} GB per rank where FSDP2 takes {fsdp2 / 1e9:.2f} GB "
-            f"({ours / fsdp2:.2f}x) on a\n  {parameters / 1e6:.0f}M-parameter model at 4 ranks ({_source(report)}; "
-            f"[memory](docs/results/memory.md)).")
+    return _bullet(f"- **Memory**: ZeRO-3 peaks at {ours / 1e9:.2f} GB per rank where FSDP2 takes "
+                   f"{fsdp2 / 1e9:.2f} GB ({ours / fsdp2:.2f}x) on a {parameters / 1e6:.0f}M-parameter model at "
+                   f"4 ranks ({_source(report)}; [memory](docs/results/memory.md)).")
 
 
 def _not_yet(what: str, page: str, link: str) -> str:
-    return (f"- **{what}**: not yet measured at a clean commit; the full tier (`make results-full`) runs it\n"
-            f"  ([{link}]({page})).")
+    return _bullet(f"- **{what}**: not yet measured at a clean commit; the full tier (`make results-full`) "
+                   f"runs it ([{link}]({page})).")
 
 
 def convergence_bullet(results) -> str:
@@ -92,13 +108,13 @@ def convergence_bullet(results) -> str:
     report = results.load(f"{FULL}/convergence/summary.json")
     gaps = ", ".join(f"{name} {row['mean_gap_percent']:+.2f}% ± {row['gap_standard_error']:.2f}"
                      for name, row in report["runs"].items() if name != "zero3" and row["gap_standard_error"])
-    return (f"- **Convergence**: final validation loss against ZeRO-3's over {len(report['seeds'])} seeds (mean gap ±\n"
-            f"  standard error): {gaps} ({_source(report)}; [convergence](docs/results/convergence.md)).")
+    return _bullet(f"- **Convergence**: final validation loss against ZeRO-3's over {len(report['seeds'])} seeds "
+                   f"(mean gap ± standard error): {gaps} ({_source(report)}; [convergence](docs/results/convergence.md)).")
 
 
 def bytes_table(results) -> str:
     report = results.load(f"{QUICK}/comm.json")
-    return f"`zeropp {report['provenance']['command'].partition(' ')[2]}`, {_source(report)}:\n\n```\n{format_report(report)}\n```"
+    return f"`{_command(report)}`, {_source(report)}:\n\n```\n{format_report(report)}\n```"
 
 
 def throughput_table(results) -> str:
