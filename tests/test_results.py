@@ -31,11 +31,11 @@ def _results(folder: Path, report: dict) -> StoredResults:
     return StoredResults(folder)
 
 
-BLOCK = "Before.\n<!-- results: bytes -->\nold text\n<!-- /results -->\nAfter.\n"
+TEXT = "Before.\n<!-- results: bytes -->\nold text\n<!-- /results -->\nAfter.\n"
 
 
 def test_a_block_is_written_from_the_json_and_a_figure_edited_by_hand_differs(tmp_path):
-    rendered = render_text(BLOCK, _results(tmp_path, _comm_report(COMMIT, True)))
+    rendered = render_text(TEXT, _results(tmp_path, _comm_report(COMMIT, True)))
     words = " ".join(rendered.split())  # the bullet is wrapped
     assert "0.210x of ZeRO-3's bytes per step on 2x2" in words and "equal to the analytic prediction" in words
     assert rendered.startswith("Before.\n") and rendered.endswith("<!-- /results -->\nAfter.\n")
@@ -47,7 +47,7 @@ def test_a_block_is_written_from_the_json_and_a_figure_edited_by_hand_differs(tm
 @pytest.mark.parametrize("commit,clean", [(COMMIT + "-dirty", False), (COMMIT, False), (None, False)])
 def test_a_result_from_a_dirty_tree_or_without_a_commit_is_not_cited(tmp_path, commit, clean):
     with pytest.raises(ValueError, match="not at a clean commit"):
-        render_text(BLOCK, _results(tmp_path, _comm_report(commit, clean)))
+        render_text(TEXT, _results(tmp_path, _comm_report(commit, clean)))
 
 
 def test_one_block_cannot_cite_two_commits(tmp_path):

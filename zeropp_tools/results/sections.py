@@ -43,8 +43,8 @@ def _command(report: dict) -> str:
 def _source(report: dict) -> str:
     source = report.get("provenance", report)
     machine = source["machine"]
-    return (f"commit {source['git_commit'][:7]}, {machine['cpu_model'].replace('(R)', '')} ({machine['cores']} cores, "
-            f"{source['cpu_capability']})")
+    cpu = machine["cpu_model"].replace("(R)", "").replace(" Processor", "")
+    return f"commit {source['git_commit'][:7]}, {cpu}, {machine['cores']} cores, {source['cpu_capability']}"
 
 
 def bytes_bullet(results) -> str:
@@ -62,7 +62,7 @@ def bytes_bullet(results) -> str:
 def throughput_bullet(results) -> str:
     report = results.load(f"{QUICK}/throughput/throughput.json")
     ratios = report["ratios"]
-    slowest = min(ratios, key=lambda bandwidth: float("inf") if bandwidth == "none" else -float(bandwidth))
+    slowest = min(ratios, key=lambda bandwidth: float("inf") if bandwidth == "none" else float(bandwidth))
     peers = ratios[slowest]
     figures = "; ".join(f"{_label(bandwidth)} {entry['zero++_vs_zero3']:.2f}x"
                         for bandwidth, entry in ratios.items() if bandwidth != slowest)
