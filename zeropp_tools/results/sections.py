@@ -17,9 +17,7 @@ from zeropp_tools.bench import accumulation, rlhf, throughput
 from zeropp_tools.bench.comm import format_report
 from zeropp_tools.bench.memory_report import markdown as memory_markdown
 from zeropp_tools.plan import comparison_markdown
-
-QUICK = "quick"
-FULL = "full"
+from zeropp_tools.results.tiers import FULL, QUICK
 
 
 def _label(bandwidth: str) -> str:
@@ -38,6 +36,11 @@ def _command(report: dict) -> str:
         index = words.index("--out")
         del words[index:index + 2]
     return shlex.join(words)
+
+
+def _without_title(markdown: str) -> str:
+    """A report's markdown less its title and the blank line after it: the page has its own."""
+    return markdown.split("\n", 2)[2]
 
 
 def _source(report: dict) -> str:
@@ -141,18 +144,18 @@ def accumulation_study(results) -> str:
 
 def memory_table(results) -> str:
     report = results.load(f"{QUICK}/memory/memory.json")
-    return memory_markdown(report).split("\n", 2)[2]  # without its title: the page has one
+    return _without_title(memory_markdown(report))
 
 
 def memory_study(results) -> str:
     """The memory study with its search for the largest model, from its own clean commit."""
     report = results.load("memory/memory.json")
-    return memory_markdown(report).split("\n", 2)[2]
+    return _without_title(memory_markdown(report))
 
 
 def dryrun_table(results) -> str:
     report = results.load("dryrun/dryrun.json")
-    return dryrun.markdown(report).split("\n", 2)[2]
+    return _without_title(dryrun.markdown(report))
 
 
 def rlhf_table(results) -> str:
