@@ -32,6 +32,7 @@ from zeropp import ShardedModel, Topology, ZeroConfig
 from zeropp.init.base import WeightSource
 from zeropp.memory_tracker import LiveTensorTracker
 from zeropp.models import GPT, Block, GPTConfig
+from zeropp.simulate.schedule import Schedule
 
 logger = logging.getLogger(__name__)
 
@@ -80,16 +81,10 @@ def config_for(run: DryRun) -> ZeroConfig:
 
 def dry_run(run: DryRun, steps: int = 2) -> dict:
     """Collective on the fake process group this process must have joined as ``run.rank``."""
-    topology = Topology.from_environment(ranks_per_node=run.ranks_per_node, device="meta")
     tracker = LiveTensorTracker(dry_run=True)
-    gpt = GPTConfig(vocab_size=run.vocabulary, block_size=run.tokens_per_rank, num_layers=run.layers,
-                    num_heads=run.hidden // 128, embed_dim=run.hidden)
     with tracker:
-        with torch.device("meta"):
-            module = GPT(gpt)
-        model = ShardedModel(module, topology, config_for(run), unit_classes=(Block,), init=NoWeights())
+        model, tokens = dry_model(run)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-        tokens = torch.randint(0, run.vocabulary, (1, run.tokens_per_rank + 1), device="meta")
         for step in range(steps):  # the last step is the one reported: caches and copies exist
             tracker.reset_peaks()
             tracker.host_syncs.clear()
@@ -105,6 +100,37 @@ def dry_run(run: DryRun, steps: int = 2) -> dict:
         "comm_bytes": model.comm_log.totals_by_phase(), "host_syncs": dict(tracker.host_syncs),
         "fits": {device: max(measured.values()) <= size for device, size in DEVICE_MEMORY.items()},
     }
+
+
+def dry_run_schedule(run: DryRun, config: ZeroConfig | None = None, steps: int = 2) -> Schedule:
+    """The schedule rank ``run.rank`` issues in one training step of ``run`` (the last of
+    ``steps``: the first learns the prefetch order), recorded from the engine on the fake
+    process group this process must have joined. ``config`` overrides the variant's."""
+    model, tokens = dry_model(run, config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    with model.record_schedule() as recorder:
+        for _ in range(steps):
+            recorder.reset()
+            model.comm_log.reset()
+            model(tokens[:, :-1], tokens[:, 1:]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    schedule = recorder.schedule
+    schedule.tokens_per_rank = run.tokens_per_rank
+    schedule.optimizer_parameters = sum(parameter.numel() for parameter in model.parameters())
+    return schedule
+
+
+def dry_model(run: DryRun, config: ZeroConfig | None = None) -> tuple[ShardedModel, torch.Tensor]:
+    """The engine over the built-in GPT of ``run``'s shape on the meta device, and a batch
+    of one sequence (inputs and targets: ``tokens_per_rank + 1`` positions)."""
+    topology = Topology.from_environment(ranks_per_node=run.ranks_per_node, device="meta")
+    gpt = GPTConfig(vocab_size=run.vocabulary, block_size=run.tokens_per_rank, num_layers=run.layers,
+                    num_heads=max(1, run.hidden // 128), embed_dim=run.hidden)
+    with torch.device("meta"):
+        module = GPT(gpt)
+    model = ShardedModel(module, topology, config or config_for(run), unit_classes=(Block,), init=NoWeights())
+    return model, torch.randint(0, run.vocabulary, (1, run.tokens_per_rank + 1), device="meta")
 
 
 def predicted_memory_of(gpt: GPTConfig, nodes: int, ranks_per_node: int, config: ZeroConfig,

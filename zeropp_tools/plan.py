@@ -105,24 +105,6 @@ def recommend(work: Work, cluster: ClusterModel) -> tuple[str, dict]:
     return min(predictions, key=lambda name: predictions[name]["step_s"]), predictions
 
 
-PAPER_MODELS = {"18B": (40, 6144), "49B": (40, 10240), "100B": (125, 8192), "138B": (100, 10752)}
-
-
-def paper_predictions(flops_per_s: float = 45e12) -> dict:
-    """384 V100s, 16 per node, 1K tokens per GPU, at 100 and 400 Gbit/s. ``flops_per_s`` is
-    what a V100 achieves when communication is hidden (the paper's best runs reach 36-53
-    TFLOPs per GPU)."""
-    result = {}
-    for gbit in (100, 400):
-        cluster = ClusterModel(24, 16, gbit * 1e9 / 8, latency_s=5e-6, backend="nccl")
-        for name, (layers, hidden) in PAPER_MODELS.items():
-            work = synthetic_work(layers, hidden, 50_000, 1024, flops_per_s)
-            best, predictions = recommend(work, cluster)
-            tflops = {v: 6 * work.num_parameters * 1024 / p["step_s"] / 1e12 for v, p in predictions.items()}
-            result[f"{name} @ {gbit} Gbit/s"] = {"recommended": best, "tflops_per_gpu": tflops}
-    return result
-
-
 def compare(report: dict) -> list[dict]:
     """The planner against ``zeropp bench throughput`` measurements on the emulated cluster.
 
@@ -182,10 +164,9 @@ def main(args) -> int:
         logger.info(comparison_markdown(rows))
         return 0
     if args.paper:
-        report = paper_predictions()
-        for setting, row in report.items():
-            cells = ", ".join(f"{v} {t:.1f}" for v, t in row["tflops_per_gpu"].items())
-            logger.info(f"{setting}: predicted TFLOPs/GPU {cells}; recommended: {row['recommended']}")
+        from zeropp_tools.paper import paper_markdown, paper_report
+
+        logger.info(paper_markdown(paper_report()))
         return 0
     work = replace(gpt_work(args.model, args.tokens_per_rank, args.rank_gflops * 1e9), accumulation=args.accumulation)
     cluster = ClusterModel(args.nodes, args.ranks_per_node, args.inter_node_mbit * 1e6 / 8)

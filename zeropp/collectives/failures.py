@@ -44,7 +44,8 @@ class CollectiveCall:
 class TrackedWork:
     """A collective in flight; ``wait`` converts backend failures into CollectiveError."""
 
-    def __init__(self, work, call: CollectiveCall, rank: int, world_size: int, clock, device: torch.device) -> None:
+    def __init__(self, work, call: CollectiveCall, rank: int, world_size: int, clock, device: torch.device,
+                 on_wait=None) -> None:
         self.work = work
         self.call = call
         self.rank = rank
@@ -52,6 +53,7 @@ class TrackedWork:
         self.started = time.monotonic()
         self._clock = clock  # the communicator's WaitClock
         self._device = device
+        self._on_wait = on_wait  # told when the wait returns (a schedule being recorded)
 
     def is_completed(self) -> bool:
         return self.work.is_completed()
@@ -61,6 +63,8 @@ class TrackedWork:
             self._clock.measure(self._device, self.work.wait)
         except RuntimeError as error:
             raise collective_error(self.call, self.rank, self.world_size, self.started, error) from error
+        if self._on_wait is not None:
+            self._on_wait()
 
 
 def collective_error(call: CollectiveCall, rank: int, world_size: int, started: float, error: Exception) -> CollectiveError:

@@ -9,12 +9,14 @@ Reduce-scatter is built from ``all_to_all_single`` plus a local fp32 sum: gloo's
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ..accounting import CollectiveRecord, CommLog
+from ..simulate.schedule import Collective, ScheduleRecorder
 from ..topology import Group
 from .failures import CollectiveCall, TrackedWork, check_same_call
 from .wait_clock import WaitClock
@@ -49,6 +51,7 @@ class Communicator:
         self.check_order = check_order
         self.device = None if device is None else torch.device(device)  # every tensor must be there
         self._clock = WaitClock()
+        self.schedule: ScheduleRecorder | None = None  # set while a step's schedule is recorded
 
     def take_wait_seconds(self) -> float:
         """Seconds computation waited for collectives since the last call: the communication
@@ -60,7 +63,9 @@ class Communicator:
         """Seconds waited for collectives since construction (never reset)."""
         return self._clock.total
 
-    def _launch(self, op: str, group: Group, phase: str, label: str, tensor: torch.Tensor, launch):
+    def _launch(self, op: str, group: Group, phase: str, label: str, tensor: torch.Tensor, launch,
+                movement: tuple[str, int] = ("exchange", 0)):
+        """``movement``: (algorithm, chunk bytes) as the accounting counts them, for the schedule."""
         call = CollectiveCall(op, group.name, phase, label, tensor.numel(), str(tensor.dtype).removeprefix("torch."))
         if self.device is not None and tensor.device != self.device:
             raise ValueError(f"{call.describe()}: the tensor is on {tensor.device}, the topology's device is "
@@ -71,7 +76,13 @@ class Communicator:
         if self.check_order and not group.launched_on_arrival:
             check_same_call(call, group.handle, group.size)
         work = launch()
-        return TrackedWork(work, call, self.comm_log.rank, self.comm_log.layout.world_size, self._clock, tensor.device)
+        on_wait = None
+        if self.schedule is not None:
+            algorithm, chunk_bytes = movement
+            collective_id = self.schedule.issued(Collective(op, algorithm, tuple(group.ranks), chunk_bytes, phase, call.dtype))
+            on_wait = functools.partial(self.schedule.waited, collective_id)
+        return TrackedWork(work, call, self.comm_log.rank, self.comm_log.layout.world_size, self._clock, tensor.device,
+                           on_wait)
 
     def all_gather(self, output: torch.Tensor, shard: torch.Tensor, group: Group, phase: str, label: str = ""):
         """Start gathering every member's ``shard`` [n] into ``output`` [group.size * n] in
@@ -84,6 +95,7 @@ class Communicator:
         return self._launch(
             "all_gather", group, phase, label, shard,
             lambda: dist.all_gather_single(output, shard, group=group.handle, async_op=True),
+            ("ring", shard.numel() * shard.element_size()),
         )
 
     def reduce_scatter_mean(self, flat: torch.Tensor, group: Group, phase: str, label: str = "") -> PendingReduceScatter:
@@ -101,6 +113,7 @@ class Communicator:
             work = self._launch(
                 "reduce_scatter", group, phase, label, flat,
                 lambda: dist.reduce_scatter_tensor(received, flat, op=dist.ReduceOp.SUM, group=group.handle, async_op=True),
+                ("ring", chunk_bytes),
             )
             return PendingReduceScatter(work, received, 1, divisor=group.size)
         self.comm_log.record_exchange("reduce_scatter", group.ranks, phase, chunk_bytes)
@@ -108,6 +121,7 @@ class Communicator:
         work = self._launch(
             "reduce_scatter", group, phase, label, flat,
             lambda: dist.all_to_all_single(received, flat, group=group.handle, async_op=True),
+            ("exchange", chunk_bytes),
         )
         return PendingReduceScatter(work, received, group.size)
 
@@ -132,6 +146,7 @@ class Communicator:
         return self._launch(
             "all_to_all", group, phase, label, input,
             lambda: dist.all_to_all_single(output, input, group=group.handle, async_op=True),
+            ("exchange", input[0].numel() * input.element_size()),
         )
 
     def all_reduce_sum(self, tensor: torch.Tensor, group: Group, phase: str) -> None:
@@ -148,6 +163,7 @@ class Communicator:
             self._launch(
                 "all_reduce", group, phase, "", tensor,
                 lambda: dist.all_reduce(tensor, op=op, group=group.handle, async_op=True),
+                ("exchange", tensor.numel() * tensor.element_size()),
             ).wait()
 
     def broadcast(self, tensor: torch.Tensor, group: Group, source_rank: int, phase: str) -> None:

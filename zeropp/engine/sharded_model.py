@@ -27,6 +27,7 @@ from ..sharding import FlatParam, ShardState
 from ..init import WeightSource
 from ..reduce import QgzReduction
 from ..reduce.node_accumulation import NodeAccumulation
+from ..simulate.schedule import ScheduleRecorder
 from ..topology import Topology
 from . import memory_model, metrics
 from .checks import check_inputs, check_weight_source, resolve_unit_classes
@@ -81,6 +82,7 @@ class ShardedModel(TorchContract, nn.Module):
         self._nonfinite = NonfiniteTracker()
         self._pinned: PinnedUnits | None = None  # generation mode: units kept gathered
         self._optimizer_stepped = False  # set by any optimizer stepping these parameters
+        self._schedule: ScheduleRecorder | None = None  # set inside record_schedule()
         self._parameter_ids = {id(param) for param in [*self.master_parameters(), *self.parameters()]}
         watch_optimizer_steps(self)
         if self.config.sync_module_states:
@@ -228,6 +230,23 @@ class ShardedModel(TorchContract, nn.Module):
         if self._accumulation is not None:
             self._accumulation.clear()
 
+    @contextlib.contextmanager
+    def record_schedule(self):
+        """Record what this rank issues inside the block, in order: collectives started and
+        waited on, and each unit's compute between them. Yields the recorder; its
+        ``schedule`` (``reset()`` starts a new one, at a step's start) is what
+        ``zeropp.simulate`` replays on other hardware."""
+        recorder = ScheduleRecorder(self.topology.world_size, self.topology.ranks_per_node, self.topology.rank)
+        self._comm.schedule = self._schedule = recorder
+        try:
+            yield recorder
+        finally:
+            self._comm.schedule = self._schedule = None
+
+    def _record_compute(self, unit: Unit, kind: str) -> None:
+        if self._schedule is not None:
+            self._schedule.compute(unit.index, kind, sum(flat.numel for flat in unit.flats))
+
     def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
         """As FSDP2's: False for the micro-steps before the last of an accumulation.
         Collective (every rank the same). Without sync a unit's gradient is reduced inside
@@ -296,6 +315,7 @@ class ShardedModel(TorchContract, nn.Module):
         self._ensure_gathered(unit)
         if not self._in_backward:
             self._prefetch(self._forward_order, unit)
+            self._record_compute(unit, "forward")
         if self._pinned is not None:
             self._pinned.install_views(unit)
         else:
@@ -329,6 +349,9 @@ class ShardedModel(TorchContract, nn.Module):
         self._backward_order.observe(unit.index)
         self._ensure_gathered(unit)
         self._prefetch(self._backward_order, unit)
+        if self.config.activation_checkpointing and not unit.is_root:
+            self._record_compute(unit, "recompute")
+        self._record_compute(unit, "backward")
         return None
 
     def take_nonfinite_units(self) -> list[str]:

@@ -1,0 +1,141 @@
+"""The step simulator: the schedule it replays is the engine's (its bytes are the
+accounting's), and its timing rules hold on hand-built schedules whose answer is known."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from zeropp.simulate.hardware import Hardware, available
+from zeropp.simulate.schedule import Collective, Compute, Issue, Schedule, Wait
+from zeropp.simulate.simulator import _received, collective_time, simulate
+from zeropp.topology import Layout
+from zeropp_tools.dryrun import DryRun, dry_model, dry_run_schedule, join_fake_world
+
+# A made-up machine with round numbers: 1 TFLOP/s, 1 GB/s adapters at full efficiency,
+# no latency, no wave quantization, compute at half speed while a collective runs.
+ROUND = Hardware(name="round", sustained_flops=1e12, slowdown_during_communication=0.5, processors=0, tile_m=1,
+                 tile_n=1, intra_node_bytes_per_s=10e9, network_adapters_per_node=1, adapter_bytes_per_s=1e9,
+                 link_efficiency=1.0, base_latency_s=0.0, intra_node_step_latency_s=0.0,
+                 inter_node_step_latency_s=0.0, kernel_bytes_per_s=1e12, optimizer_bytes_per_parameter=0, sources={})
+WORLD = (0, 1, 2, 3)
+
+
+def _schedule(events, collectives=(), tokens=1000) -> Schedule:
+    return Schedule(4, 2, 0, tokens, 0, list(collectives), list(events))
+
+
+def _gather(chunk_bytes: int, group=WORLD) -> Collective:
+    return Collective("all_gather", "ring", group, chunk_bytes, "forward_gather", "float16")
+
+
+def test_compute_alone_is_flops_over_the_rate():
+    # 2 x 1e6 parameters x 1000 tokens = 2 GFLOP forward, 4 GFLOP backward: 6 ms at 1 TFLOP/s.
+    step = simulate(_schedule([Compute(0, "forward", 10**6), Compute(0, "backward", 10**6)]), ROUND)
+    assert step.step_s == pytest.approx(6e-3)
+    assert step.bottleneck == "compute"
+
+
+def test_a_hidden_gather_slows_compute_by_the_overlap():
+    # A world ring on 2 x 2 brings node 0 three chunks over its adapter: 3 MB, 3 ms. Compute
+    # of 10 ms runs at half speed for those 3 ms: 10 + 0.5 x 3 = 11.5 ms.
+    events = [Issue(0), Compute(0, "forward", 5 * 10**6), Wait(0)]
+    step = simulate(_schedule(events, [_gather(10**6)]), ROUND)
+    assert step.inter_node_s == pytest.approx(3e-3)
+    assert step.step_s == pytest.approx(11.5e-3)
+    assert step.stalled_s == 0
+
+
+def test_an_exposed_gather_is_waited_for():
+    events = [Issue(0), Compute(0, "forward", 5 * 10**5), Wait(0)]  # 1 ms of compute, 30 ms link
+    step = simulate(_schedule(events, [_gather(10**7)]), ROUND)
+    assert step.step_s == pytest.approx(30e-3)
+    assert step.bottleneck == "inter-node link"
+
+
+def test_collectives_share_their_group_stream_and_the_node_adapters():
+    both_on_world = [Issue(0), Issue(1), Wait(0), Wait(1)]
+    assert simulate(_schedule(both_on_world, [_gather(10**6), _gather(10**6)]), ROUND).step_s == pytest.approx(6e-3)
+    # Inside the node only: no adapter, and other groups run beside.
+    inside = _gather(10**7, group=(0, 1))
+    events = [Issue(0), Issue(1), Wait(0), Wait(1)]
+    step = simulate(_schedule(events, [_gather(10**6), inside]), ROUND)
+    assert step.step_s == pytest.approx(max(3e-3, 10**7 / 10e9))
+
+
+def test_an_inter_node_group_counts_every_rank_of_the_node():
+    # Group (0, 2): rank 0 receives one chunk from node 1; rank 1 runs its own copy with
+    # rank 3 at the same time, so node 0's adapter carries two chunks.
+    time = collective_time(_gather(10**6, group=(0, 2)), Layout(4, 2), 0, ROUND)
+    assert time.inter_node_s == pytest.approx(2e-3)
+
+
+@pytest.fixture
+def fake_world():
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("variant", ["zero3", "zero++"])
+def test_recorded_schedule_moves_the_bytes_the_accounting_counts(fake_world, variant):
+    run = DryRun(layers=2, hidden=256, vocabulary=1000, nodes=2, ranks_per_node=4, tokens_per_rank=64, variant=variant)
+    join_fake_world(run)
+    model, tokens = dry_model(run)
+    with model.record_schedule() as recorder:
+        for _ in range(2):
+            recorder.reset()
+            model.comm_log.reset()
+            model(tokens[:, :-1], tokens[:, 1:]).backward()
+    schedule = recorder.schedule
+    layout = Layout(run.world_size, run.ranks_per_node)
+    received = [_received(schedule.collectives[event.collective_id], layout, 0)
+                for event in schedule.events if isinstance(event, Issue)]
+    totals = model.comm_log.totals()
+    assert sum(inter for inter, _ in received) == totals["received_inter_node"]
+    assert sum(intra for _, intra in received) == totals["received_intra_node"]
+    issued = {event.collective_id for event in schedule.events if isinstance(event, Issue)}
+    waited = [event.collective_id for event in schedule.events if isinstance(event, Wait)]
+    assert sorted(waited) == sorted(issued)  # every collective issued is waited on, once
+    computed = {(event.unit, event.kind) for event in schedule.events if isinstance(event, Compute)}
+    assert computed == {(unit, kind) for unit in range(3) for kind in ("forward", "backward")} | {
+        (unit, "recompute") for unit in (1, 2)}
+
+
+def test_slow_adapters_favour_zeropp_in_the_simulated_schedules(fake_world):
+    hardware = Hardware.load("v100-dgx2")
+    steps = {}
+    for variant in ("zero3", "zero++"):
+        run = DryRun(layers=2, hidden=1024, vocabulary=4000, nodes=4, ranks_per_node=4, tokens_per_rank=256,
+                     variant=variant)
+        join_fake_world(run)
+        schedule = dry_run_schedule(run)
+        steps[variant] = {adapters: simulate(schedule, hardware.with_adapters(adapters, 1e8)) for adapters in (1, 64)}
+        dist.destroy_process_group()
+    assert steps["zero3"][1].bottleneck == "inter-node link"
+    assert steps["zero++"][1].step_s < 0.5 * steps["zero3"][1].step_s
+    assert steps["zero++"][1].inter_node_s < 0.3 * steps["zero3"][1].inter_node_s
+    assert steps["zero3"][64].step_s < steps["zero3"][1].step_s
+
+
+def test_schedules_survive_a_json_round_trip(tmp_path):
+    schedule = _schedule([Issue(0), Compute(3, "recompute", 7), Wait(0)], [_gather(5)])
+    schedule.save(tmp_path / "schedule.json")
+    assert Schedule.load(tmp_path / "schedule.json") == schedule
+
+
+def test_every_hardware_description_loads_and_names_its_sources():
+    assert {"v100-dgx2", "a100-8gpu", "h100-8gpu"} <= set(available())
+    for name in available():
+        hardware = Hardware.load(name)
+        assert set(hardware.sources) >= {"sustained_flops", "adapter_bytes_per_s", "base_latency_s"}
+    with pytest.raises(ValueError, match="allowed values"):
+        Hardware.load("tpu")
+
+
+def test_wave_quantization_penalises_small_batches_on_a_gpu():
+    v100 = Hardware.load("v100-dgx2")
+    block = 12 * 6144 * 6144
+    assert v100.wave_efficiency(1024, block) < v100.wave_efficiency(2048, block) <= 1.0
+    assert replace(v100, processors=0).wave_efficiency(1, block) == 1.0
