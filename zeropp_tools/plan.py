@@ -164,7 +164,7 @@ def main(args) -> int:
         logger.info(comparison_markdown(rows))
         return 0
     if args.paper:
-        from zeropp_tools.paper import paper_markdown, paper_report
+        from zeropp_tools.simulation.paper import paper_markdown, paper_report
 
         logger.info(paper_markdown(paper_report()))
         return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ class TrainConfig:
     hf_model: str | None = None  # a Hugging Face model folder to fine-tune instead of the built-in GPT
     data_path: str | None = None  # a text file to train on instead of the built-in corpus
     export_dir: str | None = None  # write the trained model here (Hugging Face folder, or model.safetensors)
+    schedule_path: str | None = None  # rank 0 writes its last step's schedule here (zeropp.simulate replays it)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
 
     def __post_init__(self) -> None:
@@ -109,7 +111,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
             model.comm_log.reset()
             model.communicator.take_wait_seconds()
             started = time.perf_counter()
-            loss = _train_step(job, optimizer, config, step, rank, world_size)
+            with _maybe_record_schedule(model, config, step, rank):
+                loss = _train_step(job, optimizer, config, step, rank, world_size)
             step_times.append(time.perf_counter() - started)
             exposed.append(model.communicator.take_wait_seconds())
             comm_table = model.comm_log.totals_by_phase()
@@ -190,6 +193,21 @@ def _maybe_save(model, optimizer, config: TrainConfig, completed: int) -> None:
             raise
         if model.topology.rank == 0:
             logger.warning("step %d: %s; training continues (on_save_error='continue')", completed, error)
+
+
+@contextlib.contextmanager
+def _maybe_record_schedule(model, config: TrainConfig, step: int, rank: int):
+    """On rank 0's last step, record the schedule it issues and write it to ``schedule_path``."""
+    if rank != 0 or config.schedule_path is None or step != config.steps - 1:
+        yield
+        return
+    with model.record_schedule() as recorder:
+        yield
+    schedule = recorder.schedule
+    schedule.tokens_per_rank = config.batch_per_rank * config.seq_len
+    schedule.optimizer_parameters = sum(parameter.numel() for parameter in model.master_parameters())
+    Path(config.schedule_path).parent.mkdir(parents=True, exist_ok=True)
+    schedule.save(config.schedule_path)
 
 
 def _train_step(job: Job, optimizer, config, step, rank, world_size) -> float:

@@ -78,7 +78,9 @@ def measure(spec: ClusterSpec, variant: str, train_arguments: list[str], during=
     out = Path(tempfile.mkdtemp(prefix="zeropp-throughput-"))
     extra = variant_arguments(variant, spec.ranks_per_node)
     launch = {"during": (lambda cluster: during(cluster, out))} if during else {}
-    summary, result = _run(spec, variant, ["train", *train_arguments, *extra, "--out", str(out)], out, **launch)
+    schedule = out / "schedule.json"
+    summary, result = _run(spec, variant, ["train", *train_arguments, *extra, "--out", str(out), "--record-schedule",
+                                           str(schedule)], out, **launch)
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     per_step_inter = sum(row["received_inter_node"] for row in steps[-1]["comm"].values())
     node0_accounted = sum(summary["comm_total_by_rank"][r]["received_inter_node"] for r in range(spec.ranks_per_node))
@@ -92,6 +94,7 @@ def measure(spec: ClusterSpec, variant: str, train_arguments: list[str], during=
         "node0_accounted_rx_bytes": node0_accounted,
         "final_train_loss": summary["final_train_loss"],
         "step_s": [row["step_s"] for row in steps],
+        "schedule_path": str(schedule),  # rank 0's last step, for the simulator
         **_auto_figures(summary, steps),
     }
 

@@ -17,18 +17,22 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import statistics
 from pathlib import Path
 
 from zeropp.auto import candidates
+from zeropp.simulate.hardware import Hardware
 from zeropp_tools.bench.cells import PEERS, SUFFIXES, VARIANTS, base_variant, is_variant, measure, measure_peer
 from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.plan import compare, comparison_markdown
 from zeropp_tools.schemes import QUALITY_SETTINGS
+from zeropp_tools.simulation.compare import calibrate_on_cluster, simulated_comparison, simulated_markdown
 
 logger = logging.getLogger(__name__)
 
+CALIBRATION_FILE = "cluster-calibration.json"  # the cluster measured as the simulator describes hardware
 AUTO_CANDIDATES = frozenset(candidates(ranks_per_node=2))  # every scheme auto mode may choose
 
 
@@ -59,6 +63,7 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
             except RuntimeError as error:
                 measured = {"error": str(error)}
                 logger.info(f"{text:>9} Mbit/s {variant:<22} FAILED: {error}")
+            _keep_schedule(measured, variant, out)
             report["runs"][text][variant].append(measured)
             if "tokens_per_s" in measured:
                 logger.info(f"{text:>9} Mbit/s {variant:<22} {measured['tokens_per_s']:>10,.0f} tokens/s "
@@ -66,6 +71,18 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
             report["results"] = summarize(report["runs"])
             (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _keep_schedule(measured: dict, variant: str, out: Path) -> None:
+    """Keep a fixed scheme's first recorded schedule as ``schedules/<variant>.json`` (the
+    schedule does not depend on the link; auto mode's does, and is not kept)."""
+    path = measured.pop("schedule_path", None)
+    if path is None or base_variant(variant) == "auto" or not Path(path).exists():
+        return
+    kept = out / "schedules" / f"{variant}.json"
+    if not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, kept)
 
 
 def summarize(runs: dict) -> dict:
@@ -217,6 +234,7 @@ def main(args) -> int:
         raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}, "
                          f"a variant of zeropp also with any of {list(SUFFIXES)} appended")
     out.mkdir(parents=True, exist_ok=True)
+    calibrate_on_cluster(args.nodes, args.ranks_per_node, train_arguments, out / CALIBRATION_FILE)
     report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out,
                  args.repetitions, known={"precision": {"compute_dtype": precision, "why": why}})
     return _write_report(report, out)
@@ -238,9 +256,14 @@ def _resume(report: dict, out: Path) -> int:
 def _write_report(report: dict, out: Path) -> int:
     report["ratios"] = ratios(report["results"])
     report["planner"] = compare(report)  # the planner's step times against these measurements
+    simulated = ""
+    if (out / CALIBRATION_FILE).exists() and (out / "schedules").is_dir():
+        report["simulator"] = simulated_comparison(report, out / "schedules", Hardware.load(str(out / CALIBRATION_FILE)))
+        simulated = "\n\n" + simulated_markdown(report["simulator"])
+        logger.info(simulated_markdown(report["simulator"]))
     (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "throughput.md").write_text(header(report) + markdown(report) + "\n\n" + ratios_markdown(report["ratios"])
-                                       + "\n\n" + comparison_markdown(report["planner"]) + "\n")
+                                       + "\n\n" + comparison_markdown(report["planner"]) + simulated + "\n")
     plot(report, out / "throughput.png")
     logger.info(markdown(report))
     logger.info(ratios_markdown(report["ratios"]))

@@ -145,3 +145,6 @@ def _add_launch(group) -> None:
     group.add_argument("--timeout", type=positive_float, default=300.0, help="seconds a collective may wait for a peer")
     group.add_argument("--out", default="runs/train", metavar="FOLDER",
                        help="folder for metrics.jsonl and summary.json")
+    group.add_argument("--record-schedule", default=None, metavar="FILE",
+                       help="write rank 0's last step as a schedule (collectives, waits, unit compute) that "
+                            "zeropp plan --schedule replays on other hardware")

@@ -59,7 +59,7 @@ def training_config(arguments, explicit: set[str], ranks_per_node: int | None) -
         ranks_per_node=ranks_per_node, metrics_path=str(Path(arguments.out) / "metrics.jsonl"), zero=zero,
         checkpoint_dir=arguments.checkpoint_dir, checkpoint_every=arguments.checkpoint_every, resume=arguments.resume,
         collective_timeout_s=arguments.timeout, hf_model=arguments.hf_config, data_path=arguments.data,
-        export_dir=arguments.export,
+        export_dir=arguments.export, schedule_path=arguments.record_schedule,
     )
 
 

@@ -1,0 +1,183 @@
+"""Measure the emulated cluster as the simulator describes hardware: ``zeropp simulate-calibrate``.
+
+Run under torchrun on every node of the unshaped emulated cluster (the command starts it).
+Every rank measures at the same time, so each sees the machine as a training job shares it:
+
+    sustained_flops         forward + backward of the GPT, not sharded, at the benchmark's
+                            batch and precision: 6 x parameters x tokens / seconds
+    slowdown                the same, while a loop of world all-gathers runs beside it
+    intra-node bandwidth    all-gather of 8 MB per rank inside the node
+    latency                 one-byte all-gathers inside the node and across nodes
+    adapter                 all-gather across nodes, unshaped (shaped runs set the rate)
+    kernels                 INT8 block quantize + dequantize (3 bytes moved per code byte)
+    optimizer               AdamW over this rank's share of the parameters
+
+Rank 0 writes the hardware description, each number with how it was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zeropp.launch import exit_without_finalization, finish_distributed, init_from_torchrun
+from zeropp.models import GPT, GPTConfig
+from zeropp.quantization.blocks import BlockFormat, dequantize, quantize
+from zeropp.topology import Topology
+
+REPEATS = 5
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# TCP over a 1500-byte MTU: 1448 payload bytes in a 1514-byte frame (with timestamps).
+TCP_PAYLOAD_SHARE = 1448 / 1514
+
+
+def _median_seconds(work, repeats: int = REPEATS) -> float:
+    work()  # warm-up: allocation and caches
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _slowest(seconds: float, group=None) -> float:
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return value.item()
+
+
+def _gather_seconds(group, numel: int, size: int) -> float:
+    shard = torch.zeros(numel, dtype=torch.uint8)
+    output = torch.empty(numel * size, dtype=torch.uint8)
+    dist.barrier()
+    return _slowest(_median_seconds(lambda: dist.all_gather_into_tensor(output, shard, group=group)))
+
+
+def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset(model_size)).to(DTYPES[precision])
+    batch, length = tokens
+    inputs = torch.randint(0, model.config.vocab_size, (batch, length + 1))
+
+    def step() -> None:
+        model(inputs[:, :-1], inputs[:, 1:]).float().backward()
+
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    flops = 6 * parameters * batch * length
+    dist.barrier()
+    alone = _slowest(_median_seconds(step))
+    world = topology.group("world").handle
+    side_numel = 4 << 20
+    gather_s = _gather_seconds(world, side_numel, topology.world_size)
+    # A count every rank agrees on (a loop stopped by a flag would leave a peer waiting),
+    # enough to cover the warm-up and the timed steps.
+    count = int(1.5 * (REPEATS + 1) * alone / gather_s) + 1
+
+    def gathers() -> None:
+        shard = torch.zeros(side_numel, dtype=torch.uint8)
+        output = torch.empty(side_numel * topology.world_size, dtype=torch.uint8)
+        for _ in range(count):
+            dist.all_gather_into_tensor(output, shard, group=world)
+
+    side = threading.Thread(target=gathers)
+    dist.barrier()
+    side.start()
+    beside = _median_seconds(step)
+    side.join()
+    beside = _slowest(beside)
+    dist.barrier()
+    per_node = topology.ranks_per_node
+    intra_numel = 8 << 20
+    intra_s = _gather_seconds(topology.group("intra_node").handle, intra_numel, per_node)
+    intra_latency = _gather_seconds(topology.group("intra_node").handle, 1, per_node) / max(1, per_node - 1)
+    world_latency = _gather_seconds(world, 1, topology.world_size)
+    nodes = topology.num_nodes
+    inter_latency = max(0.0, world_latency - (topology.world_size - nodes) * intra_latency) / max(1, nodes - 1)
+    inter_numel = 8 << 20
+    world_s = _gather_seconds(world, inter_numel, topology.world_size)
+    adapter = per_node * (topology.world_size - per_node) * inter_numel / world_s  # into one node
+    values = torch.randn(1 << 22)
+    fmt = BlockFormat(8, 2048)
+    packed = quantize(values, fmt)
+    kernel_s = _median_seconds(lambda: quantize(values, fmt)) + _median_seconds(
+        lambda: dequantize(packed, fmt, values.numel()))
+    kernel_bytes_per_s = _slowest(2 * 3 * values.numel() / kernel_s)
+    share = [torch.nn.Parameter(torch.zeros(parameters // topology.world_size))]
+    share[0].grad = torch.zeros_like(share[0])
+    optimizer = torch.optim.AdamW(share, lr=1e-4)
+    optimizer_s = _slowest(_median_seconds(optimizer.step))
+    return {
+        "sustained_flops": flops / alone,
+        "slowdown_during_communication": max(0.0, 1 - alone / beside),
+        "intra_node_bytes_per_s": (per_node - 1) * intra_numel / intra_s,
+        "base_latency_s": 0.0,
+        "intra_node_step_latency_s": intra_latency,
+        "inter_node_step_latency_s": inter_latency,
+        "adapter_bytes_per_s": adapter,
+        "kernel_bytes_per_s": kernel_bytes_per_s,
+        "optimizer_bytes_per_parameter": max(1, round(optimizer_s * kernel_bytes_per_s / share[0].numel())),
+    }
+
+
+def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, source: dict) -> dict:
+    where = (f"measured by zeropp simulate-calibrate at {source['git_commit']} on {source['machine']['cpu_model']}, "
+             f"{topology.num_nodes} x {topology.ranks_per_node} ranks of the emulated cluster at once, "
+             f"GPT {arguments.model} at {arguments.batch_per_rank} x {arguments.seq_len} tokens, {arguments.precision}")
+    return {
+        "name": f"emulated cluster: {topology.num_nodes} x {topology.ranks_per_node} CPU ranks ({source['machine']['cpu_model']})",
+        **measured,
+        "processors": 0, "tile_m": 1, "tile_n": 1,
+        "network_adapters_per_node": 1,
+        "link_efficiency": TCP_PAYLOAD_SHARE,
+        "sources": {
+            "sustained_flops": f"6 x parameters x tokens / forward + backward seconds (median of {REPEATS}), {where}",
+            "slowdown_during_communication": f"1 - that step's time / its time beside a loop of 4 MB world all-gathers, {where}",
+            "intra_node_bytes_per_s": f"an 8 MB-per-rank all-gather inside the node, {where}",
+            "base_latency_s": "folded into the step latencies",
+            "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps, {where}",
+            "inter_node_step_latency_s": f"a 1-byte world all-gather less its intra-node steps, {where}",
+            "adapter_bytes_per_s": f"an 8 MB-per-rank world all-gather on the unshaped link, bytes into a node, {where}; "
+                                   "a shaped run replaces it with the shaper's rate",
+            "link_efficiency": "TCP payload share of a 1500-byte MTU frame: 1448 / 1514 (the shaper counts frames)",
+            "kernel_bytes_per_s": f"INT8 block quantize + dequantize of 4M values, 3 bytes per code byte, {where}",
+            "optimizer_bytes_per_parameter": f"AdamW over 1/W of the parameters, as bytes at the kernel rate, {where}",
+            "processors": "a CPU core has no waves to fill",
+            "tile_m": "unused without waves",
+            "tile_n": "unused without waves",
+            "network_adapters_per_node": "one veth pair per emulated node",
+        },
+    }
+
+
+def main() -> int:
+    from zeropp_tools.bench.provenance import provenance
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="medium")
+    parser.add_argument("--batch-per-rank", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--precision", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--out", required=True)
+    arguments = parser.parse_args()
+    torch.set_num_threads(1)
+    init_from_torchrun()
+    topology = Topology.from_environment()
+    source = provenance()
+    measured = measure(arguments.model, (arguments.batch_per_rank, arguments.seq_len), arguments.precision, topology)
+    if topology.rank == 0:
+        description = describe(measured, arguments, topology, source)
+        Path(arguments.out).write_text(json.dumps(description, indent=2) + "\n")
+    finish_distributed()
+    exit_without_finalization(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
