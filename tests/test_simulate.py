@@ -139,3 +139,20 @@ def test_wave_quantization_penalises_small_batches_on_a_gpu():
     block = 12 * 6144 * 6144
     assert v100.wave_efficiency(1024, block) < v100.wave_efficiency(2048, block) <= 1.0
     assert replace(v100, processors=0).wave_efficiency(1, block) == 1.0
+
+
+def test_plan_simulates_every_variant_and_slow_links_favour_zeropp(fake_world):
+    from argparse import Namespace
+
+    from zeropp_tools.simulation.planner import plan_hardware, simulate_all, variant_schedules
+
+    args = Namespace(model="tiny", layers=None, hidden=None, vocabulary=None, nodes=2, ranks_per_node=2,
+                     tokens_per_rank=256, accumulation=2, activation_checkpointing=False, hardware=None,
+                     inter_node_mbit=20.0, rank_gflops=5.0)
+    schedules = variant_schedules(args)
+    assert set(schedules) == {"zero3", "qwz", "hpz", "qgz", "zero++"}
+    computed = [event for event in schedules["zero3"].events if isinstance(event, Compute)]
+    assert sum(event.kind == "forward" for event in computed) == 2 * len({event.unit for event in computed})
+    steps = simulate_all(schedules, plan_hardware(args))
+    assert min(steps, key=lambda name: steps[name].step_s) == "zero++"
+    assert steps["zero3"].bottleneck == "inter-node link"

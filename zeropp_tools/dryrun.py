@@ -102,17 +102,21 @@ def dry_run(run: DryRun, steps: int = 2) -> dict:
     }
 
 
-def dry_run_schedule(run: DryRun, config: ZeroConfig | None = None, steps: int = 2) -> Schedule:
+def dry_run_schedule(run: DryRun, config: ZeroConfig | None = None, steps: int = 2, micro_steps: int = 1) -> Schedule:
     """The schedule rank ``run.rank`` issues in one training step of ``run`` (the last of
     ``steps``: the first learns the prefetch order), recorded from the engine on the fake
-    process group this process must have joined. ``config`` overrides the variant's."""
+    process group this process must have joined. ``config`` overrides the variant's. With
+    ``micro_steps`` > 1 the step accumulates, the micro-steps before the last under
+    ``no_sync`` (node accumulation), as ``zeropp train --accumulation`` runs them."""
     model, tokens = dry_model(run, config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     with model.record_schedule() as recorder:
         for _ in range(steps):
             recorder.reset()
             model.comm_log.reset()
-            model(tokens[:, :-1], tokens[:, 1:]).backward()
+            for micro in range(micro_steps):
+                model.set_requires_gradient_sync(micro == micro_steps - 1)
+                model(tokens[:, :-1], tokens[:, 1:]).backward()
             optimizer.step()
             optimizer.zero_grad()
     schedule = recorder.schedule

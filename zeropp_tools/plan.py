@@ -150,7 +150,9 @@ def _peak_memory(args, variant: str) -> int:
     from zeropp_tools.dryrun import predicted_memory_of
 
     config = standard_variants(args.ranks_per_node)[variant]
-    phases = predicted_memory_of(GPTConfig.preset(args.model), args.nodes, args.ranks_per_node, config,
+    from zeropp_tools.simulation.planner import plan_gpt
+
+    phases = predicted_memory_of(plan_gpt(args), args.nodes, args.ranks_per_node, config,
                                  node_accumulation=args.accumulation > 1)
     return max(phases[phase]["total"] for phase in ("forward", "backward", "optimizer_step"))
 
@@ -168,17 +170,25 @@ def main(args) -> int:
 
         logger.info(paper_markdown(paper_report()))
         return 0
-    work = replace(gpt_work(args.model, args.tokens_per_rank, args.rank_gflops * 1e9), accumulation=args.accumulation)
-    cluster = ClusterModel(args.nodes, args.ranks_per_node, args.inter_node_mbit * 1e6 / 8)
-    best, predictions = recommend(work, cluster)
-    for name, p in predictions.items():
-        p["peak_memory_bytes"] = _peak_memory(args, name)
-        logger.info(f"{name:<8} step {p['step_s'] * 1e3:8.1f} ms  compute {p['compute_s'] * 1e3:7.1f} ms  "
-                    f"link {p['link_s'] * 1e3:7.1f} ms  {p['tokens_per_s']:9,.0f} tokens/s  "
-                    f"memory per rank {p['peak_memory_bytes'] / 1e6:8.1f} MB")
+    from zeropp_tools.simulation.planner import (
+        describe, plan_hardware, simulate_all, tokens_per_step, variant_schedules,
+    )
+    from zeropp.simulate.schedule import Schedule
+
+    hardware = plan_hardware(args)
+    if args.schedule:
+        schedule = Schedule.load(args.schedule)
+        step = simulate_all({"recorded": schedule}, hardware)["recorded"]
+        logger.info(describe(args.schedule, step, tokens_per_step(schedule, 1)))
+        return 0
+    steps = simulate_all(variant_schedules(args), hardware)
+    tokens = args.tokens_per_rank * args.nodes * args.ranks_per_node * args.accumulation
+    for name, step in steps.items():
+        logger.info(describe(name, step, tokens) + f"  memory per rank {_peak_memory(args, name) / 1e6:,.1f} MB")
+    best = min(steps, key=lambda name: steps[name].step_s)
+    logger.info(f"hardware: {hardware.name}")
     logger.info("memory per rank: the memory model's peak over the phases of a step, AdamW, activations not included"
                 + (", node accumulation's sums included" if args.accumulation > 1 else ""))
     logger.info(f"per optimizer step of {args.accumulation} micro-step(s) of {args.tokens_per_rank} tokens per rank")
     logger.info(f"recommended: {best}")
-    logger.info(json.dumps({"recommended": best, "predictions": predictions}))
     return 0

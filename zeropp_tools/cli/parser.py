@@ -114,15 +114,27 @@ def _add_cluster(commands) -> None:
 def _add_plan(commands) -> None:
     plan = _subcommand(commands, "plan", "predict step time per ZeRO++ variant and recommend one")
     plan.add_argument("--model", default="small", choices=MODEL_SIZES, help="GPT size")
+    plan.add_argument("--layers", type=positive_int, default=None, help="transformer blocks (replaces --model's)")
+    plan.add_argument("--hidden", type=positive_int, default=None, help="hidden size, a multiple of 128 for more "
+                                                                        "than one head (replaces --model's)")
+    plan.add_argument("--vocabulary", type=positive_int, default=None, help="vocabulary size (replaces --model's)")
     plan.add_argument("--tokens-per-rank", type=positive_int, default=256,
                       help="tokens each rank processes per micro-step")
     plan.add_argument("--accumulation", type=positive_int, default=1,
                       help="micro-steps per optimizer step; those before the last under no_sync (node accumulation)")
     plan.add_argument("--nodes", type=positive_int, default=2, help="nodes")
     plan.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
-    plan.add_argument("--inter-node-mbit", type=positive_float, default=200.0, help="Mbit/s of each node's link")
-    plan.add_argument("--rank-gflops", type=positive_float, default=5.0,
-                      help="FLOP/s one rank achieves on the model, in G")
+    plan.add_argument("--hardware", default=None, metavar="NAME_OR_JSON",
+                      help="a hardware description (v100-dgx2, a100-8gpu, h100-8gpu, or a .json file such as the "
+                           "throughput benchmark's cluster-calibration.json); default: the one --rank-gflops and "
+                           "--inter-node-mbit give")
+    plan.add_argument("--inter-node-mbit", type=positive_float, default=None,
+                      help="Mbit/s of each node's link (default 200; replaces the description's adapters)")
+    plan.add_argument("--rank-gflops", type=positive_float, default=None,
+                      help="FLOP/s one rank sustains on the model, in G (default 5; replaces the description's)")
+    plan.add_argument("--activation-checkpointing", action="store_true", help="recompute each unit's forward in backward")
+    plan.add_argument("--schedule", metavar="SCHEDULE_JSON", default=None,
+                      help="replay a schedule recorded by zeropp train --record-schedule on --hardware")
     plan.add_argument("--paper", action="store_true", help="predict the ZeRO++ paper's settings instead")
     plan.add_argument("--compare", metavar="THROUGHPUT_JSON", default=None,
                       help="compare predictions with a `zeropp bench throughput` result file")
