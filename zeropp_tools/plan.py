@@ -1,26 +1,26 @@
-"""``zeropp plan``: an analytic model of one training step, and the settings it recommends.
+"""``zeropp plan``: each variant's training step simulated on the user's hardware, and the
+one to choose.
 
     zeropp plan --model small --tokens-per-rank 256 --nodes 2 --ranks-per-node 2 \
                 --inter-node-mbit 200 --rank-gflops 5
+    zeropp plan --hardware h100-8gpu --layers 32 --hidden 4096 --nodes 4 --ranks-per-node 8
+    zeropp plan --schedule runs/schedule.json --hardware a100-8gpu   # a recorded step elsewhere
     zeropp plan --accumulation 8        # 8 micro-steps per optimizer step, node accumulation
-    zeropp plan --paper                 # the ZeRO++ paper's clusters and models
-    zeropp plan --compare runs/bench/throughput/throughput.json   # vs emulated-cluster runs
+    zeropp plan --paper                 # the ZeRO++ paper's cluster beside its published figures
+    zeropp plan --compare runs/bench/throughput/throughput.json   # the analytic model vs emulated runs
 
-Step time = compute + the communication that compute cannot hide, by the library's step
-model (:mod:`zeropp.auto.step_model`, which auto mode uses too), with
-
-    compute  = 6 * parameters * tokens per rank * micro-steps / achieved FLOP/s per rank
-
-per optimizer step. With gradient accumulation (``--accumulation k``) the micro-steps
-before the last run under ``no_sync`` as ``zeropp train --accumulation`` runs them: their
-gradients cross nodes once per optimizer step, and their weights too where hpZ keeps a
-copy inside the node.
+The step is simulated by :mod:`zeropp.simulate` from the schedule the engine issues (a dry
+run records it: :mod:`zeropp_tools.simulation.planner`). The analytic model below
+(:mod:`zeropp.auto.step_model`: compute plus the communication compute cannot hide) is
+what auto mode still ranks untried candidates by, and ``--compare`` holds it against the
+emulated cluster's runs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from dataclasses import dataclass, replace
 
 import torch
@@ -166,9 +166,17 @@ def main(args) -> int:
         logger.info(comparison_markdown(rows))
         return 0
     if args.paper:
-        from zeropp_tools.simulation.paper import paper_markdown, paper_report
+        from zeropp_tools.bench.provenance import provenance
+        from zeropp_tools.simulation.paper import paper_markdown, paper_report, paper_summary
 
-        logger.info(paper_markdown(paper_report()))
+        source = provenance()  # before anything is written
+        report = {"command": "zeropp plan --paper", "provenance": source, **paper_report()}
+        report["summary"] = paper_summary(report)
+        logger.info(paper_markdown(report))
+        logger.info(json.dumps(report["summary"]))
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         return 0
     from zeropp_tools.simulation.planner import (
         describe, plan_hardware, simulate_all, tokens_per_step, variant_schedules,

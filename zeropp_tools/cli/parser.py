@@ -135,7 +135,9 @@ def _add_plan(commands) -> None:
     plan.add_argument("--activation-checkpointing", action="store_true", help="recompute each unit's forward in backward")
     plan.add_argument("--schedule", metavar="SCHEDULE_JSON", default=None,
                       help="replay a schedule recorded by zeropp train --record-schedule on --hardware")
-    plan.add_argument("--paper", action="store_true", help="predict the ZeRO++ paper's settings instead")
+    plan.add_argument("--paper", action="store_true",
+                      help="simulate the ZeRO++ paper's cluster (384 V100s) beside its published figures instead")
+    plan.add_argument("--out", default=None, metavar="JSON", help="with --paper: write the rows and the hardware here")
     plan.add_argument("--compare", metavar="THROUGHPUT_JSON", default=None,
                       help="compare predictions with a `zeropp bench throughput` result file")
 
