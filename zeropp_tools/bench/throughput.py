@@ -19,6 +19,7 @@ import json
 import logging
 import shutil
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 from zeropp.auto import candidates
@@ -258,7 +259,9 @@ def _write_report(report: dict, out: Path) -> int:
     report["planner"] = compare(report)  # the planner's step times against these measurements
     simulated = ""
     if (out / CALIBRATION_FILE).exists() and (out / "schedules").is_dir():
-        report["simulator"] = simulated_comparison(report, out / "schedules", Hardware.load(str(out / CALIBRATION_FILE)))
+        hardware = Hardware.load(str(out / CALIBRATION_FILE))
+        report["calibration"] = asdict(hardware)
+        report["simulator"] = simulated_comparison(report, out / "schedules", hardware)
         simulated = "\n\n" + simulated_markdown(report["simulator"])
         logger.info(simulated_markdown(report["simulator"]))
     (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -18,6 +18,8 @@ from zeropp_tools.bench.comm import format_report
 from zeropp_tools.bench.memory_report import markdown as memory_markdown
 from zeropp_tools.plan import comparison_markdown
 from zeropp_tools.results.tiers import FULL, QUICK
+from zeropp_tools.simulation import paper
+from zeropp_tools.simulation.compare import simulated_markdown
 
 
 def _label(bandwidth: str) -> str:
@@ -163,6 +165,28 @@ def rlhf_table(results) -> str:
     return f"{_source(report)}, medians of the repetitions:\n\n" + rlhf.ratios_markdown(report["ratios"])
 
 
+def simulator_paper(results) -> str:
+    """The paper's rows simulated on the V100 description, beside the published figures."""
+    report = results.load("simulator/paper.json")
+    summary = report["summary"]
+    return (f"`{_command(report)}`, {_source(report)}; {summary['tflops_within_15_percent']} of {summary['rows']} "
+            f"published rows with both TFLOP/s within 15%, {summary['speedup_within_10_percent']} with the speedup "
+            f"within 10%:\n\n" + paper.paper_markdown(report))
+
+
+def simulator_cluster(results) -> str:
+    """Each fixed scheme's recorded schedule replayed on the calibrated emulated cluster."""
+    report = results.load("simulator/throughput/throughput.json")
+    calibration = report["calibration"]
+    inputs = (f"Calibration (measured before the runs, the same commit): {calibration['sustained_flops'] / 1e9:.1f} "
+              f"GFLOP/s per rank, compute slowed {calibration['slowdown_during_communication'] * 100:.0f}% beside "
+              f"communication, {calibration['intra_node_bytes_per_s'] / 1e6:,.0f} MB/s inside a node, "
+              f"{calibration['adapter_bytes_per_s'] * 8 / 1e6:,.0f} Mbit/s between nodes unshaped, latency "
+              f"{calibration['intra_node_step_latency_s'] * 1e3:.2f} / {calibration['inter_node_step_latency_s'] * 1e3:.2f} "
+              f"ms per step inside / across nodes, kernels {calibration['kernel_bytes_per_s'] / 1e9:.1f} GB/s.")
+    return (f"{throughput.header(report)}{_bullet(inputs)}\n\n" + simulated_markdown(report["simulator"]))
+
+
 SECTIONS: dict[str, Callable] = {
     "bytes": bytes_bullet,
     "throughput": throughput_bullet,
@@ -178,4 +202,6 @@ SECTIONS: dict[str, Callable] = {
     "memory-study": memory_study,
     "dryrun-table": dryrun_table,
     "rlhf-table": rlhf_table,
+    "simulator-paper": simulator_paper,
+    "simulator-cluster": simulator_cluster,
 }
