@@ -156,3 +156,17 @@ def test_plan_simulates_every_variant_and_slow_links_favour_zeropp(fake_world):
     steps = simulate_all(schedules, plan_hardware(args))
     assert min(steps, key=lambda name: steps[name].step_s) == "zero++"
     assert steps["zero3"].bottleneck == "inter-node link"
+
+
+def test_a_hugging_face_config_gives_the_plan_its_shape(tmp_path):
+    from argparse import Namespace
+
+    from zeropp_tools.simulation.planner import plan_gpt
+
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 32, "hidden_size": 4096, "vocab_size": 32000}')
+    args = Namespace(model="tiny", layers=None, hidden=None, vocabulary=None, tokens_per_rank=2048, hf_config=str(tmp_path))
+    gpt = plan_gpt(args)
+    assert (gpt.num_layers, gpt.embed_dim, gpt.vocab_size, gpt.num_heads) == (32, 4096, 32000, 32)
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 32, "vocab_size": 32000}')
+    with pytest.raises(ValueError, match="hidden_size"):
+        plan_gpt(args)

@@ -118,6 +118,8 @@ def _add_plan(commands) -> None:
     plan.add_argument("--hidden", type=positive_int, default=None, help="hidden size, a multiple of 128 for more "
                                                                         "than one head (replaces --model's)")
     plan.add_argument("--vocabulary", type=positive_int, default=None, help="vocabulary size (replaces --model's)")
+    plan.add_argument("--hf-config", default=None, metavar="CONFIG_JSON",
+                      help="a Hugging Face config.json (or its folder): its layers, hidden size and vocabulary")
     plan.add_argument("--tokens-per-rank", type=positive_int, default=256,
                       help="tokens each rank processes per micro-step")
     plan.add_argument("--accumulation", type=positive_int, default=1,

@@ -10,8 +10,10 @@ user's, or, without ``--hardware``, the one the flags give (``--rank-gflops``,
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -39,12 +41,33 @@ def plan_hardware(args) -> Hardware:
 
 
 def plan_gpt(args) -> GPTConfig:
-    """``--model``'s GPT with the shape flags given applied."""
+    """``--model``'s GPT with the shape flags given applied; ``--hf-config`` gives the shape
+    of a Hugging Face model (its blocks as GPT blocks of the same hidden size: 12 h^2
+    parameters, within a few percent of a LLaMA block's 4 h^2 + 3 h x intermediate)."""
     gpt = GPTConfig.preset(args.model)
-    hidden = args.hidden or gpt.embed_dim
-    return replace(gpt, num_layers=args.layers or gpt.num_layers, embed_dim=hidden,
-                   num_heads=max(1, hidden // 128) if args.hidden else gpt.num_heads,
-                   vocab_size=args.vocabulary or gpt.vocab_size, block_size=max(gpt.block_size, args.tokens_per_rank))
+    layers, hidden, vocabulary = args.layers, args.hidden, args.vocabulary
+    if getattr(args, "hf_config", None):
+        shape = _hugging_face_shape(args.hf_config)
+        layers, hidden, vocabulary = layers or shape[0], hidden or shape[1], vocabulary or shape[2]
+    width = hidden or gpt.embed_dim
+    return replace(gpt, num_layers=layers or gpt.num_layers, embed_dim=width,
+                   num_heads=max(1, width // 128) if hidden else gpt.num_heads,
+                   vocab_size=vocabulary or gpt.vocab_size, block_size=max(gpt.block_size, args.tokens_per_rank))
+
+
+def _hugging_face_shape(path: str) -> tuple[int, int, int]:
+    """(layers, hidden size, vocabulary) of a Hugging Face ``config.json`` (or its folder)."""
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    config = json.loads(file.read_text())
+    names = {"layers": ("num_hidden_layers", "n_layer", "num_layers"), "hidden": ("hidden_size", "n_embd", "d_model"),
+             "vocabulary": ("vocab_size",)}
+    shape = []
+    for what, keys in names.items():
+        value = next((config[key] for key in keys if key in config), None)
+        if value is None:
+            raise ValueError(f"--hf-config {path}: no {what} field; expected one of {list(keys)}")
+        shape.append(int(value))
+    return shape[0], shape[1], shape[2]
 
 
 def variant_schedules(args, precision: str = "bf16") -> dict[str, Schedule]:
