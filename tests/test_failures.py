@@ -3,6 +3,7 @@ gradients and a model changed after wrapping each give an error that says what h
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,29 +17,36 @@ from zeropp.models import GPT, Block, GPTConfig
 TIMEOUT_S = 5.0
 
 
-def lose_a_rank(rank, world_size, mode):
+def lose_a_rank(rank, world_size, mode, folder):
     topology = Topology.from_environment(ranks_per_node=1, timeout_s=TIMEOUT_S)
     torch.manual_seed(0)
     model = ShardedModel(GPT(GPTConfig.preset("tiny")), topology, ZeroConfig(), unit_classes=(Block,))
     tokens = torch.randint(0, 256, (2, 17))
     model(tokens[:, :-1], tokens[:, 1:]).backward()
+    reported = [Path(folder, f"reported{peer}") for peer in range(2)]
     if rank == 2:
         if mode == "crash":
             os._exit(0)
-        time.sleep(TIMEOUT_S + 8)  # hung past the timeout, then gone
+        # Hung past the timeout, then gone: once both peers have named it (sooner than a fixed
+        # sleep long enough for a loaded machine), or after TIMEOUT_S + 8 s at the latest.
+        deadline = time.monotonic() + TIMEOUT_S + 8
+        while time.monotonic() < deadline and not all(path.exists() for path in reported):
+            time.sleep(0.1)
         os._exit(0)
     started = time.monotonic()
     try:
         model(tokens[:, :-1], tokens[:, 1:]).backward()
     except CollectiveError as error:
-        return str(error), time.monotonic() - started
+        waited = time.monotonic() - started
+        reported[rank].touch()
+        return str(error), waited
     return None, time.monotonic() - started
 
 
 @pytest.mark.parametrize("mode", ["crash", "hang"])
-def test_lost_rank_is_named_within_the_timeout(mode):
+def test_lost_rank_is_named_within_the_timeout(mode, tmp_path):
     started = time.monotonic()
-    results = spawn_ranks(lose_a_rank, 3, (mode,), timeout_s=60, collective_timeout_s=TIMEOUT_S)
+    results = spawn_ranks(lose_a_rank, 3, (mode, str(tmp_path)), timeout_s=60, collective_timeout_s=TIMEOUT_S)
     for message, waited in results[:2]:
         assert message is not None
         assert "(crashed or hung): [2]" in message, message

@@ -31,6 +31,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# What the fork server imports once, before any rank forks from it. A caller whose ranks
+# all import another slow module may add it here before the first spawn (the tests add
+# transformers, a few seconds per rank otherwise).
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "zeropp"]
+
+
 def spawn_ranks(
     fn, world_size: int, args: tuple = (), timeout_s: float = 600.0, threads_per_rank: int = 1,
     collective_timeout_s: float = 300.0, backend: str = "gloo", start_method: str = "forkserver",
@@ -43,7 +49,7 @@ def spawn_ranks(
     if start_method == "forkserver":
         # The fork server imports torch once; every rank forks from it instead of starting
         # a fresh interpreter (about 2 s of a 4-rank start on 2 cores).
-        mp.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", "zeropp"])
+        mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="zeropp-ranks-") as folder:
         context = mp.start_processes(

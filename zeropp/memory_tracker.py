@@ -114,7 +114,8 @@ class LiveTensorTracker(TorchDispatchMode):
                 source = args[0]
                 return torch.zeros(source.shape, dtype=(kwargs or {}).get("dtype") or source.dtype, device="cpu")
         output = func(*args, **(kwargs or {}))
-        for tensor in tree_flatten(output)[0]:
+        # Most operators return one tensor: no need to flatten it (a tenth of a tracked step).
+        for tensor in (output,) if isinstance(output, torch.Tensor) else tree_flatten(output)[0]:
             if isinstance(tensor, torch.Tensor):
                 self._add(tensor.untyped_storage(), tensor.device)
         # In-place resizes and set_ change a storage's size under the same key.
@@ -170,15 +171,16 @@ class LiveTensorTracker(TorchDispatchMode):
 def _host_sync(func, args, kwargs) -> str | None:
     """The name of a host synchronisation: a device tensor read on the host (``.item()``,
     ``.tolist()``) or copied to the CPU; None for anything else."""
+    # The operator first: flattening every operator's arguments was a third of a tracked step.
+    if func is torch.ops.aten._local_scalar_dense.default:
+        name = "item"
+    elif func is torch.ops.aten._to_copy.default and str(kwargs.get("device", "")) == "cpu":
+        name = "copy to cpu"
+    else:
+        return None
     tensors = [tensor for tensor in tree_flatten((args, kwargs))[0] if isinstance(tensor, torch.Tensor)]
     on_device = any(tensor.device.type not in ("cpu",) for tensor in tensors)
-    if not on_device:
-        return None
-    if func is torch.ops.aten._local_scalar_dense.default:
-        return "item"
-    if func is torch.ops.aten._to_copy.default and str(kwargs.get("device", "")) == "cpu":
-        return "copy to cpu"
-    return None
+    return name if on_device else None
 
 
 def _caller() -> str:

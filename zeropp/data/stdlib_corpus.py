@@ -8,6 +8,8 @@ a pure function of its step number: resuming or re-sharding never changes it.
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,7 @@ def load_stdlib_corpus(max_bytes: int = 16_000_000) -> torch.Tensor:
     """uint8 tensor of at most ``max_bytes`` bytes of standard-library source."""
     root = Path(sysconfig.get_paths()["stdlib"])
     chunks, total = [], 0
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(_python_sources(root)):
         if "site-packages" in path.parts:
             continue
         try:
@@ -36,6 +38,17 @@ def load_stdlib_corpus(max_bytes: int = 16_000_000) -> torch.Tensor:
     if len(joined) < 10_000:
         raise ValueError(f"found only {len(joined)} bytes of Python sources under {root}")
     return torch.frombuffer(bytearray(joined), dtype=torch.uint8)
+
+
+def _python_sources(root: Path) -> list[Path]:
+    """What ``root.rglob("*.py")`` finds, without walking site-packages: there it is most of
+    the files (11,000 of 13,000 with a few packages installed) and most of a second per
+    call, paid by every rank of every training job."""
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [name for name in subfolders if name != "site-packages"]
+        found.extend(Path(folder, name) for name in fnmatch.filter(files, "*.py"))
+    return found
 
 
 @dataclass
