@@ -33,6 +33,10 @@ from zeropp.quantization.blocks import BlockFormat, dequantize, quantize
 from zeropp.topology import Topology
 
 REPEATS = 5
+# A link's rate is its fastest probe (noise on shared cores only slows one), as auto mode's
+# probe keeps the fastest of three: single 8 MB probes inside a node read 65 MB/s in one
+# calibration and 234-249 MB/s in the next two, minutes apart on an idle machine.
+PROBES = 3
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # TCP over a 1500-byte MTU: 1448 payload bytes in a 1514-byte frame (with timestamps).
 TCP_PAYLOAD_SHARE = 1448 / 1514
@@ -55,10 +59,36 @@ def _slowest(seconds: float, group=None) -> float:
 
 
 def _gather_seconds(group, numel: int, size: int) -> float:
+    """The fastest of ``PROBES`` probes, each the slowest rank's median all-gather."""
     shard = torch.zeros(numel, dtype=torch.uint8)
     output = torch.empty(numel * size, dtype=torch.uint8)
+    probes = []
+    for _ in range(PROBES):
+        dist.barrier()
+        probes.append(_slowest(_median_seconds(lambda: dist.all_gather_into_tensor(output, shard, group=group))))
+    return min(probes)
+
+
+def _alone_and_beside(step, world, side_numel: int, gather_s: float, world_size: int) -> tuple[float, float]:
+    """The slowest rank's median step alone, then beside a loop of world all-gathers."""
     dist.barrier()
-    return _slowest(_median_seconds(lambda: dist.all_gather_into_tensor(output, shard, group=group)))
+    alone = _slowest(_median_seconds(step))
+    # A count every rank agrees on (a loop stopped by a flag would leave a peer waiting),
+    # enough to cover the warm-up and the timed steps.
+    count = int(1.5 * (REPEATS + 1) * alone / gather_s) + 1
+
+    def gathers() -> None:
+        shard = torch.zeros(side_numel, dtype=torch.uint8)
+        output = torch.empty(side_numel * world_size, dtype=torch.uint8)
+        for _ in range(count):
+            dist.all_gather_into_tensor(output, shard, group=world)
+
+    side = threading.Thread(target=gathers)
+    dist.barrier()
+    side.start()
+    beside = _median_seconds(step)
+    side.join()
+    return alone, _slowest(beside)
 
 
 def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
@@ -72,27 +102,12 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
 
     parameters = sum(parameter.numel() for parameter in model.parameters())
     flops = 6 * parameters * batch * length
-    dist.barrier()
-    alone = _slowest(_median_seconds(step))
     world = topology.group("world").handle
     side_numel = 4 << 20
     gather_s = _gather_seconds(world, side_numel, topology.world_size)
-    # A count every rank agrees on (a loop stopped by a flag would leave a peer waiting),
-    # enough to cover the warm-up and the timed steps.
-    count = int(1.5 * (REPEATS + 1) * alone / gather_s) + 1
-
-    def gathers() -> None:
-        shard = torch.zeros(side_numel, dtype=torch.uint8)
-        output = torch.empty(side_numel * topology.world_size, dtype=torch.uint8)
-        for _ in range(count):
-            dist.all_gather_into_tensor(output, shard, group=world)
-
-    side = threading.Thread(target=gathers)
-    dist.barrier()
-    side.start()
-    beside = _median_seconds(step)
-    side.join()
-    beside = _slowest(beside)
+    pairs = [_alone_and_beside(step, world, side_numel, gather_s, topology.world_size) for _ in range(PROBES)]
+    alone = statistics.median(alone for alone, _ in pairs)
+    slowdown = statistics.median(max(0.0, 1 - alone / beside) for alone, beside in pairs)
     dist.barrier()
     per_node = topology.ranks_per_node
     intra_numel = 8 << 20
@@ -116,7 +131,7 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
     optimizer_s = _slowest(_median_seconds(optimizer.step))
     return {
         "sustained_flops": flops / alone,
-        "slowdown_during_communication": max(0.0, 1 - alone / beside),
+        "slowdown_during_communication": slowdown,
         "intra_node_bytes_per_s": (per_node - 1) * intra_numel / intra_s,
         "base_latency_s": 0.0,
         "intra_node_step_latency_s": intra_latency,
@@ -139,12 +154,12 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
         "link_efficiency": TCP_PAYLOAD_SHARE,
         "sources": {
             "sustained_flops": f"6 x parameters x tokens / forward + backward seconds (median of {REPEATS}), {where}",
-            "slowdown_during_communication": f"1 - that step's time / its time beside a loop of 4 MB world all-gathers, {where}",
-            "intra_node_bytes_per_s": f"an 8 MB-per-rank all-gather inside the node, {where}",
+            "slowdown_during_communication": f"1 - that step's time / its time beside a loop of 4 MB world all-gathers, median of {PROBES} pairs, {where}",
+            "intra_node_bytes_per_s": f"an 8 MB-per-rank all-gather inside the node, fastest of {PROBES}, {where}",
             "base_latency_s": "folded into the step latencies",
             "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps, {where}",
             "inter_node_step_latency_s": f"a 1-byte world all-gather less its intra-node steps, {where}",
-            "adapter_bytes_per_s": f"an 8 MB-per-rank world all-gather on the unshaped link, bytes into a node, {where}; "
+            "adapter_bytes_per_s": f"an 8 MB-per-rank world all-gather on the unshaped link, fastest of {PROBES}, bytes into a node, {where}; "
                                    "a shaped run replaces it with the shaper's rate",
             "link_efficiency": "TCP payload share of a 1500-byte MTU frame: 1448 / 1514 (the shaper counts frames)",
             "kernel_bytes_per_s": f"INT8 block quantize + dequantize of 4M values, 3 bytes per code byte, {where}",
