@@ -93,8 +93,8 @@ def test_recorded_schedule_moves_the_bytes_the_accounting_counts(fake_world, var
     received = [_received(schedule.collectives[event.collective_id], layout, 0)
                 for event in schedule.events if isinstance(event, Issue)]
     totals = model.comm_log.totals()
-    assert sum(inter for inter, _ in received) == totals["received_inter_node"]
-    assert sum(intra for _, intra in received) == totals["received_intra_node"]
+    assert sum(row.inter_node for row in received) == totals["received_inter_node"]
+    assert sum(row.intra_node for row in received) == totals["received_intra_node"]
     issued = {event.collective_id for event in schedule.events if isinstance(event, Issue)}
     waited = [event.collective_id for event in schedule.events if isinstance(event, Wait)]
     assert sorted(waited) == sorted(issued)  # every collective issued is waited on, once

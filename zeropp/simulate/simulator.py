@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import traffic
 from ..topology import Layout
+from ..traffic import Traffic
 from .hardware import Hardware
 from .schedule import Collective, Compute, Issue, Schedule, Wait
 
@@ -73,9 +75,9 @@ def collective_time(collective: Collective, layout: Layout, rank: int, hardware:
     on_node = [member for member in group if layout.node_of(member) == node]
     inter = intra = 0
     for member in on_node:
-        member_inter, member_intra = _received(collective, layout, member)
-        inter += member_inter
-        intra = max(intra, member_intra)
+        received = _received(collective, layout, member)
+        inter += received.inter_node
+        intra = max(intra, received.intra_node)
     inter = inter * layout.ranks_per_node // len(on_node)  # the node's other copies of this collective
     nodes = len({layout.node_of(member) for member in group})
     steps = size - 1
@@ -85,16 +87,10 @@ def collective_time(collective: Collective, layout: Layout, rank: int, hardware:
                           intra / (hardware.intra_node_bytes_per_s * hardware.link_efficiency))
 
 
-def _received(collective: Collective, layout: Layout, member: int) -> tuple[int, int]:
-    """(inter-node, intra-node) bytes ``member`` receives, as the accounting counts them."""
-    group = collective.group_ranks
-    if collective.algorithm == "ring":
-        predecessor = group[group.index(member) - 1]
-        moved = (len(group) - 1) * collective.chunk_bytes
-        return (0, moved) if layout.same_node(predecessor, member) else (moved, 0)
-    peers = [peer for peer in group if peer != member]
-    remote = sum(1 for peer in peers if not layout.same_node(peer, member))
-    return remote * collective.chunk_bytes, (len(peers) - remote) * collective.chunk_bytes
+def _received(collective: Collective, layout: Layout, member: int) -> Traffic:
+    """What ``member`` receives, as the accounting counts it."""
+    count = traffic.ring if collective.algorithm == "ring" else traffic.exchange
+    return count(layout, member, collective.group_ranks, collective.chunk_bytes)
 
 
 @dataclass

@@ -95,18 +95,19 @@ def paper_markdown(report: dict) -> str:
              "simulated | error | speedup published | simulated | error | bounded by (ZeRO-3 / ZeRO++) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for entry in report["rows"]:
-        row = Row(**{**entry["row"], "published": tuple(entry["row"]["published"] or ()) or None})
+        row = entry["row"]
         zero3, zeropp = entry["zero3"]["tflops"], entry["zero++"]["tflops"]
         speedup = zeropp / zero3
-        if row.published:
-            published3, published_pp = row.published
+        if row["published"]:
+            published3, published_pp = row["published"]
             cells = [f"{published3:.0f}", f"{zero3:.1f}", _error(zero3, published3), f"{published_pp:.0f}",
                      f"{zeropp:.1f}", _error(zeropp, published_pp), f"{published_pp / published3:.2f}x",
                      f"{speedup:.2f}x", _error(speedup, published_pp / published3)]
         else:
             cells = ["-", f"{zero3:.1f}", "", "-", f"{zeropp:.1f}", "", "-", f"{speedup:.2f}x", ""]
         bounds = f"{entry['zero3']['bottleneck']} / {entry['zero++']['bottleneck']}"
-        lines.append(f"| {row.model} | {row.adapters} | {row.tokens_per_gpu} | " + " | ".join(cells) + f" | {bounds} |")
+        lines.append(f"| {row['model']} | {row['adapters']} | {row['tokens_per_gpu']} | " + " | ".join(cells)
+                     + f" | {bounds} |")
     return "\n".join(lines)
 
 
