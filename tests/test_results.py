@@ -77,6 +77,17 @@ def test_a_tier_refuses_a_dirty_tree_and_a_resume_at_another_commit(tmp_path, mo
         runner._start_manifest(folder, "quick", {"git_commit": COMMIT}, resume=True)
 
 
+def test_a_tier_runs_only_the_named_runs_and_names_the_allowed_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "provenance", lambda: {"git_commit": COMMIT, "clean_tree": True})
+    executed = []
+    monkeypatch.setattr(runner, "_execute", lambda run, *rest, **options: executed.append(run.name) or
+                        {"command": [], "exit_code": 0, "minutes": 0.0})
+    assert runner.run_tier("full", tmp_path, only=["paper", "comm"]) == 0
+    assert executed == ["comm", "paper"]
+    with pytest.raises(ValueError, match="--runs convergnce: not runs of the full tier; allowed values: .*'convergence'"):
+        runner.run_tier("full", tmp_path, only=["convergnce"])
+
+
 def test_the_readme_and_the_results_pages_state_what_the_stored_results_give():
     differences = render_files(REPOSITORY, REPOSITORY / RESULTS_FOLDER, write=False)
     assert not differences, "edit the JSON's source, not the figures: `zeropp results render`\n" + "\n".join(differences)

@@ -128,7 +128,8 @@ def _run_results(arguments) -> int:
 
     repository = Path(__file__).resolve().parents[2]
     if arguments.results == "run":
-        return run_tier(arguments.tier, repository, arguments.allow_dirty, arguments.resume)
+        only = arguments.runs.split(",") if arguments.runs else None
+        return run_tier(arguments.tier, repository, arguments.allow_dirty, arguments.resume, only)
     differences = render_files(repository, repository / RESULTS_FOLDER, write=arguments.results == "render")
     for difference in differences:
         logger.info("%s", difference)

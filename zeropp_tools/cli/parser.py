@@ -198,6 +198,9 @@ def _add_results(commands) -> None:
     run.add_argument("--allow-dirty", action="store_true",
                      help="run with uncommitted changes (every result is then marked not citable)")
     run.add_argument("--resume", action="store_true", help="skip the runs done at this commit, finish the rest")
+    run.add_argument("--runs", default=None,
+                     help="comma-separated names of the tier's runs to do now (default: all); the others can "
+                          "follow with --resume at the same commit")
     _subcommand(actions, "render", "rewrite the figure blocks of README.md and docs/results from the results")
     _subcommand(actions, "check", "exit 1 when a figure block differs from the stored results")
 

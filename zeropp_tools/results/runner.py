@@ -25,34 +25,48 @@ logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 
 
-def run_tier(tier: str, repository: Path, allow_dirty: bool = False, resume: bool = False) -> int:
-    """Run ``tier``'s benchmarks into ``repository/benchmarks/results/<tier>``; 0 when all succeeded."""
+def run_tier(tier: str, repository: Path, allow_dirty: bool = False, resume: bool = False,
+             only: list[str] | None = None) -> int:
+    """Run ``tier``'s benchmarks into ``repository/benchmarks/results/<tier>``; 0 when all succeeded.
+    ``only``: the names of the runs to do now (the rest wait for a later ``--resume`` at the
+    same commit), so a tier longer than one sitting is done piece by piece."""
     if tier not in RUNS:
         raise ValueError(f"--tier {tier!r} is not a tier; allowed values: {sorted(RUNS)}")
+    runs = _selected(tier, only)
     source = provenance()
     if not source["clean_tree"] and not allow_dirty:
         raise ValueError("the tree has uncommitted changes outside benchmarks/results/ (git status): commit or stash "
                          "them, or pass --allow-dirty to mark this run's results as not citable")
-    if any(run.needs_root for run in RUNS[tier]) and os.geteuid() != 0:
-        needing = [run.name for run in RUNS[tier] if run.needs_root]
+    if any(run.needs_root for run in runs) and os.geteuid() != 0:
+        needing = [run.name for run in runs if run.needs_root]
         raise ValueError(f"the {tier} tier's runs {needing} shape links between emulated nodes: run as root")
     folder = repository / RESULTS_FOLDER / tier
     manifest = _start_manifest(folder, tier, source, resume)
-    for index, run in enumerate(RUNS[tier], 1):
+    for index, run in enumerate(runs, 1):
         record = manifest["runs"].get(run.name, {})
         if record.get("exit_code") == 0:
-            logger.info("[%d/%d] %s: done at this commit, skipped", index, len(RUNS[tier]), run.name)
+            logger.info("[%d/%d] %s: done at this commit, skipped", index, len(runs), run.name)
             continue
-        logger.info("[%d/%d] %s: about %.0f min, started %s", index, len(RUNS[tier]), run.name,
+        logger.info("[%d/%d] %s: about %.0f min, started %s", index, len(runs), run.name,
                     run.estimated_minutes, time.strftime("%H:%M"))
         manifest["runs"][run.name] = _execute(run, folder, repository, resume=bool(record))
         _write(folder, manifest)
-        logger.info("[%d/%d] %s: exit code %d after %.1f min", index, len(RUNS[tier]), run.name,
+        logger.info("[%d/%d] %s: exit code %d after %.1f min", index, len(runs), run.name,
                     manifest["runs"][run.name]["exit_code"], manifest["runs"][run.name]["minutes"])
     failed = [name for name, record in manifest["runs"].items() if record["exit_code"] != 0]
     if failed:
         logger.error("failed: %s; their logs are in %s; rerun with --resume to retry them", failed, folder)
     return 1 if failed else 0
+
+
+def _selected(tier: str, only: list[str] | None) -> tuple[Run, ...]:
+    if only is None:
+        return RUNS[tier]
+    names = [run.name for run in RUNS[tier]]
+    unknown = [name for name in only if name not in names]
+    if unknown:
+        raise ValueError(f"--runs {','.join(unknown)}: not runs of the {tier} tier; allowed values: {names}")
+    return tuple(run for run in RUNS[tier] if run.name in only)
 
 
 def _start_manifest(folder: Path, tier: str, source: dict, resume: bool) -> dict:
