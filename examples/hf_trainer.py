@@ -12,6 +12,7 @@ optimizer step to ``OUT/losses_rank{R}.json``; ``--save`` writes a folder that
 """
 
 import argparse
+import gc
 import json
 import os
 from pathlib import Path
@@ -72,6 +73,19 @@ def write_losses(trainer, out: Path) -> None:
         (out / "losses.json").write_text(json.dumps((mean / trainer.args.world_size).tolist()))
 
 
+def end_distributed() -> None:
+    """Collective. Ends the process group once the training objects are gone; call it after
+    the function that trained returns. A DDP model still alive at
+    ``destroy_process_group`` holds the group until Python frees the model, and freeing it
+    then stops gloo's worker threads with the GIL held: a worker that needs the GIL to free a
+    finished collective's tensor never ends, and the run hangs after its last step."""
+    gc.collect()  # the trainer's reference cycles, DDP's reducer among them, go while the group lives
+    assert not any(isinstance(alive, torch.nn.parallel.DistributedDataParallel) for alive in gc.get_objects()), \
+        "a DDP model outlives training: ending the group could hang"
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # before exit, so no gloo thread outlives Python
+
+
 def example_parser(description: str, ddp_help: str) -> argparse.ArgumentParser:
     """The flags every trainer example takes: the DDP baseline, the layout, data and schedule."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,15 +102,8 @@ def node_size(arguments) -> int:
     return arguments.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 
 
-def main() -> None:
-    parser = example_parser(__doc__, "the plain Trainer (accelerate's DDP), for comparison")
-    parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
-    parser.add_argument("--batch-per-rank", type=int, default=2, help="sequences per rank per micro-step")
-    parser.add_argument("--out", default="runs/hf_trainer", help="losses, checkpoints, the saved model")
-    parser.add_argument("--save", action="store_true", help="write OUT/model for from_pretrained")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="a Trainer checkpoint every N steps (0: none)")
-    parser.add_argument("--resume", default=None, help="a checkpoint folder to resume from, at any world size")
-    arguments = parser.parse_args()
+def train(arguments) -> None:
+    """Trains, writes the losses and, with --save, the model folder."""
     out = Path(arguments.out)
     training = transformers.TrainingArguments(
         output_dir=str(out), max_steps=arguments.steps, per_device_train_batch_size=arguments.batch_per_rank,
@@ -124,8 +131,19 @@ def main() -> None:
             logits = trainer.model_wrapped(input_ids=batch).logits  # every rank: the forward gathers
         if training.process_index == 0:
             torch.save(logits, out / "logits.pt")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()  # before exit, so no gloo thread outlives Python
+
+
+def main() -> None:
+    parser = example_parser(__doc__, "the plain Trainer (accelerate's DDP), for comparison")
+    parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
+    parser.add_argument("--batch-per-rank", type=int, default=2, help="sequences per rank per micro-step")
+    parser.add_argument("--out", default="runs/hf_trainer", help="losses, checkpoints, the saved model")
+    parser.add_argument("--save", action="store_true", help="write OUT/model for from_pretrained")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="a Trainer checkpoint every N steps (0: none)")
+    parser.add_argument("--resume", default=None, help="a checkpoint folder to resume from, at any world size")
+    arguments = parser.parse_args()
+    train(arguments)
+    end_distributed()
 
 
 if __name__ == "__main__":

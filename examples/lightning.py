@@ -29,7 +29,7 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != EX
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from hf_trainer import ByteSequences, example_parser, node_size, tiny_llama  # noqa: E402
+from hf_trainer import ByteSequences, end_distributed, example_parser, node_size, tiny_llama  # noqa: E402
 
 
 class CausalLanguageModel(pl.LightningModule):
@@ -101,17 +101,8 @@ def fabric_training(arguments, strategy, dataset) -> list[float]:
     return losses
 
 
-def main() -> None:
-    parser = example_parser(__doc__, "Lightning's DDP strategy, for comparison")
-    parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
-    parser.add_argument("--batch-per-rank", type=int, default=2, help="sequences per rank per micro-step")
-    parser.add_argument("--steps-per-epoch", type=int, default=10, help="optimizer steps per epoch")
-    parser.add_argument("--out", default="runs/lightning", help="losses and checkpoints")
-    parser.add_argument("--checkpoint", action="store_true", help="a checkpoint folder at the end of each epoch")
-    parser.add_argument("--resume", default=None, help="a checkpoint folder to resume from, at any world size")
-    parser.add_argument("--fabric", action="store_true", help="a Lightning Fabric loop instead of the Trainer")
-    parser.add_argument("--empty-init", action="store_true", help="Fabric: build the model on the meta device")
-    arguments = parser.parse_args()
+def train(arguments) -> None:
+    """Trains (the Trainer, or a Fabric loop) and writes the losses."""
     out = Path(arguments.out)
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     dataset = ByteSequences(Path(arguments.data), length=65)
@@ -131,8 +122,6 @@ def main() -> None:
         module = CausalLanguageModel(arguments.steps)  # only to keep the losses
         module.micro_step_losses = fabric_training(arguments, strategy_class(**options), dataset)
         write_losses(module, arguments.accumulation, out)
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
         return
     strategy = strategy_class(**options)
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=out / "checkpoints", filename="{step}", save_top_k=-1,
@@ -146,8 +135,21 @@ def main() -> None:
     module = CausalLanguageModel(arguments.steps)
     trainer.fit(module, loader, ckpt_path=arguments.resume)
     write_losses(module, arguments.accumulation, out)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()  # before exit, so no gloo thread outlives Python
+
+
+def main() -> None:
+    parser = example_parser(__doc__, "Lightning's DDP strategy, for comparison")
+    parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
+    parser.add_argument("--batch-per-rank", type=int, default=2, help="sequences per rank per micro-step")
+    parser.add_argument("--steps-per-epoch", type=int, default=10, help="optimizer steps per epoch")
+    parser.add_argument("--out", default="runs/lightning", help="losses and checkpoints")
+    parser.add_argument("--checkpoint", action="store_true", help="a checkpoint folder at the end of each epoch")
+    parser.add_argument("--resume", default=None, help="a checkpoint folder to resume from, at any world size")
+    parser.add_argument("--fabric", action="store_true", help="a Lightning Fabric loop instead of the Trainer")
+    parser.add_argument("--empty-init", action="store_true", help="Fabric: build the model on the meta device")
+    arguments = parser.parse_args()
+    train(arguments)
+    end_distributed()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 import transformers
 from peft import LoraConfig, get_peft_model
 
-from hf_trainer import ByteSequences, example_parser, node_size, recording, tiny_llama, write_losses
+from hf_trainer import ByteSequences, end_distributed, example_parser, node_size, recording, tiny_llama, write_losses
 
 GATHERS = ("forward_gather", "backward_gather")
 
@@ -42,11 +42,8 @@ class GatherBytes(transformers.TrainerCallback):
         self.sharded.comm_log.reset()
 
 
-def main() -> None:
-    parser = example_parser(__doc__, "PEFT under the plain Trainer (accelerate's DDP)")
-    parser.add_argument("--out", default="runs/peft_lora", help="losses, bytes, the adapter")
-    parser.add_argument("--save", action="store_true", help="write OUT/adapter for PeftModel.from_pretrained")
-    arguments = parser.parse_args()
+def train(arguments) -> None:
+    """Trains, writes the losses and the bytes and, with --save, the adapter folder."""
     out = Path(arguments.out)
     training = transformers.TrainingArguments(
         output_dir=str(out), max_steps=arguments.steps, per_device_train_batch_size=2,
@@ -78,8 +75,15 @@ def main() -> None:
             logits = trainer.model_wrapped(input_ids=batch).logits
         if training.process_index == 0:
             torch.save(logits, out / "logits.pt")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()  # before exit, so no gloo thread outlives Python
+
+
+def main() -> None:
+    parser = example_parser(__doc__, "PEFT under the plain Trainer (accelerate's DDP)")
+    parser.add_argument("--out", default="runs/peft_lora", help="losses, bytes, the adapter")
+    parser.add_argument("--save", action="store_true", help="write OUT/adapter for PeftModel.from_pretrained")
+    arguments = parser.parse_args()
+    train(arguments)
+    end_distributed()
 
 
 if __name__ == "__main__":

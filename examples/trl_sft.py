@@ -15,16 +15,12 @@ import datasets
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from hf_trainer import example_parser, node_size, recording, tiny_llama, write_losses
+from hf_trainer import end_distributed, example_parser, node_size, recording, tiny_llama, write_losses
 from make_hf_model import train_tokenizer
 
 
-def main() -> None:
-    parser = example_parser(__doc__, "TRL's SFTTrainer as it is (accelerate's DDP)")  # --data: one example a line
-    parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
-    parser.add_argument("--bf16", action="store_true", help="TRL's default precision (fp32 without it, to compare)")
-    parser.add_argument("--out", default="runs/trl_sft", help="losses and checkpoints")
-    arguments = parser.parse_args()
+def train(arguments) -> None:
+    """Trains and writes the losses."""
     out = Path(arguments.out)
     tokenizer = train_tokenizer(Path(arguments.data), vocab_size=320)  # the same on every rank: deterministic
     tokenizer.pad_token = tokenizer.eos_token
@@ -50,8 +46,16 @@ def main() -> None:
                                                          ranks_per_node=arguments.ranks_per_node)
     trainer.train()
     write_losses(trainer, out)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()  # before exit, so no gloo thread outlives Python
+
+
+def main() -> None:
+    parser = example_parser(__doc__, "TRL's SFTTrainer as it is (accelerate's DDP)")  # --data: one example a line
+    parser.add_argument("--zero++", dest="zeropp", action="store_true", help="qwZ + hpZ (the node) + qgZ")
+    parser.add_argument("--bf16", action="store_true", help="TRL's default precision (fp32 without it, to compare)")
+    parser.add_argument("--out", default="runs/trl_sft", help="losses and checkpoints")
+    arguments = parser.parse_args()
+    train(arguments)
+    end_distributed()
 
 
 if __name__ == "__main__":
