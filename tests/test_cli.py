@@ -103,6 +103,11 @@ def test_missing_deepspeed_config_names_the_path(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_no_prefetch_without_paper_names_the_flag(capsys):
+    assert main(["plan", "--no-prefetch"]) == 2
+    assert "--no-prefetch applies to --paper only" in capsys.readouterr().err
+
+
 def test_malformed_deepspeed_config_names_the_path(tmp_path, capsys):
     config = tmp_path / "broken.json"
     config.write_text("{not json")

@@ -11,7 +11,7 @@ from zeropp.simulate.hardware import Hardware, available
 from zeropp.simulate.schedule import Collective, Compute, Issue, Schedule, Wait
 from zeropp.simulate.simulator import _received, collective_time, simulate
 from zeropp.topology import Layout
-from zeropp_tools.dryrun import DryRun, dry_model, dry_run_schedule, join_fake_world
+from zeropp_tools.dryrun import DryRun, config_for, dry_model, dry_run_schedule, join_fake_world
 
 # A made-up machine with round numbers: 1 TFLOP/s, 1 GB/s adapters at full efficiency,
 # no latency, no wave quantization, compute at half speed while a collective runs.
@@ -117,6 +117,30 @@ def test_slow_adapters_favour_zeropp_in_the_simulated_schedules(fake_world):
     assert steps["zero++"][1].step_s < 0.5 * steps["zero3"][1].step_s
     assert steps["zero++"][1].inter_node_s < 0.3 * steps["zero3"][1].inter_node_s
     assert steps["zero3"][64].step_s < steps["zero3"][1].step_s
+
+
+def test_without_prefetch_no_gather_overlaps_compute_and_the_step_slows(fake_world):
+    # plan --paper --no-prefetch: each gather is waited for before any compute is issued.
+    hardware = Hardware.load("v100-dgx2").with_adapters(1)
+    run = DryRun(layers=2, hidden=1024, vocabulary=4000, nodes=4, ranks_per_node=4, tokens_per_rank=256)
+    steps = {}
+    for prefetch in (True, False):
+        join_fake_world(run)
+        schedule = dry_run_schedule(run, replace(config_for(run), prefetch=prefetch))
+        dist.destroy_process_group()
+        gathers = {index for index, collective in enumerate(schedule.collectives) if "gather" in collective.phase}
+        pending, overlapped = set(), False
+        for event in schedule.events:
+            if isinstance(event, Issue) and event.collective_id in gathers:
+                pending.add(event.collective_id)
+            elif isinstance(event, Wait):
+                pending.discard(event.collective_id)
+            elif isinstance(event, Compute) and pending:
+                overlapped = True
+        assert overlapped == prefetch
+        steps[prefetch] = simulate(schedule, hardware)
+    assert steps[False].stalled_s > steps[True].stalled_s
+    assert steps[False].step_s > steps[True].step_s
 
 
 def test_schedules_survive_a_json_round_trip(tmp_path):

@@ -158,6 +158,8 @@ def _peak_memory(args, variant: str) -> int:
 
 
 def main(args) -> int:
+    if args.no_prefetch and not args.paper:
+        raise ValueError("--no-prefetch applies to --paper only: add --paper, or leave --no-prefetch out")
     if args.compare:
         with open(args.compare) as file:
             rows = compare(json.load(file))
@@ -170,7 +172,8 @@ def main(args) -> int:
         from zeropp_tools.simulation.paper import paper_markdown, paper_report, paper_summary
 
         source = provenance()  # before anything is written
-        report = {"command": "zeropp plan --paper", "provenance": source, **paper_report()}
+        command = "zeropp plan --paper" + (" --no-prefetch" if args.no_prefetch else "")
+        report = {"command": command, "provenance": source, **paper_report(prefetch=not args.no_prefetch)}
         report["summary"] = paper_summary(report)
         logger.info(paper_markdown(report))
         logger.info(json.dumps(report["summary"]))

@@ -139,6 +139,8 @@ def _add_plan(commands) -> None:
                       help="replay a schedule recorded by zeropp train --record-schedule on --hardware")
     plan.add_argument("--paper", action="store_true",
                       help="simulate the ZeRO++ paper's cluster (384 V100s) beside its published figures instead")
+    plan.add_argument("--no-prefetch", action="store_true",
+                      help="with --paper: record both schedules with prefetch off, so no gather overlaps compute")
     plan.add_argument("--out", default=None, metavar="JSON", help="with --paper: write the rows and the hardware here")
     plan.add_argument("--compare", metavar="THROUGHPUT_JSON", default=None,
                       help="compare predictions with a `zeropp bench throughput` result file")

@@ -165,9 +165,9 @@ def rlhf_table(results) -> str:
     return f"{_source(report)}, medians of the repetitions:\n\n" + rlhf.ratios_markdown(report["ratios"])
 
 
-def simulator_paper(results) -> str:
+def simulator_paper(results, name: str = "paper") -> str:
     """The paper's rows simulated on the V100 description, beside the published figures."""
-    report = results.load("simulator/paper.json")
+    report = results.load(f"simulator/{name}.json")
     summary = report["summary"]
     return (f"`{_command(report)}`, {_source(report)}; {summary['tflops_within_15_percent']} of {summary['rows']} "
             f"published rows with both TFLOP/s within 15%, {summary['speedup_within_10_percent']} with the speedup "
@@ -203,5 +203,6 @@ SECTIONS: dict[str, Callable] = {
     "dryrun-table": dryrun_table,
     "rlhf-table": rlhf_table,
     "simulator-paper": simulator_paper,
+    "simulator-paper-no-prefetch": lambda results: simulator_paper(results, "paper-no-prefetch"),
     "simulator-cluster": simulator_cluster,
 }

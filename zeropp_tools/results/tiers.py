@@ -68,6 +68,7 @@ FULL_RUNS = (
     _run("simulator", "bench throughput --bandwidths none,1000,200,50 --variants zero3,zero++,zero++-two-hop,log-grid "
                       "--repetitions 3 --steps 10 --out {out}/simulator/throughput", True, 35, resumable=True),
     _run("paper", "plan --paper --out {out}/simulator/paper.json", False, 2),
+    _run("paper-no-prefetch", "plan --paper --no-prefetch --out {out}/simulator/paper-no-prefetch.json", False, 2),
     _run("convergence", "study convergence --seeds 0,1,2,3,4,5,6,7,8,9 --variants zero3,zero++,log-grid,deltas "
                          "--out {out}/convergence", False, 440),
 )
