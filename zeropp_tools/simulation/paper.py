@@ -92,12 +92,14 @@ def paper_report(hardware_name: str = "v100-dgx2", prefetch: bool = True) -> dic
     return {"hardware": asdict(hardware), "rows": rows}
 
 
-def paper_markdown(report: dict) -> str:
+def paper_markdown(report: dict, published_only: bool = False) -> str:
     lines = ["| model | IB x 100 Gbit/s | tokens/GPU | ZeRO-3 published | simulated | error | ZeRO++ published | "
              "simulated | error | speedup published | simulated | error | bounded by (ZeRO-3 / ZeRO++) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for entry in report["rows"]:
         row = entry["row"]
+        if published_only and not row["published"]:
+            continue
         zero3, zeropp = entry["zero3"]["tflops"], entry["zero++"]["tflops"]
         speedup = zeropp / zero3
         if row["published"]:
