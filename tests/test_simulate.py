@@ -194,3 +194,21 @@ def test_a_hugging_face_config_gives_the_plan_its_shape(tmp_path):
     (tmp_path / "config.json").write_text('{"num_hidden_layers": 32, "vocab_size": 32000}')
     with pytest.raises(ValueError, match="hidden_size"):
         plan_gpt(args)
+
+
+def test_the_paper_summary_counts_the_listed_rows_apart_from_the_others():
+    from zeropp_tools.simulation.paper import OTHER_PUBLISHED, PUBLISHED, paper_markdown, paper_summary
+
+    def entry(row, zero3, zeropp):
+        return {"row": {"model": row.model, "adapters": row.adapters, "tokens_per_gpu": row.tokens_per_gpu,
+                        "published": row.published},
+                "zero3": {"tflops": zero3, "bottleneck": "compute"}, "zero++": {"tflops": zeropp, "bottleneck": "compute"}}
+
+    # The first listed row exact; the others off by 20% on ZeRO++ (so their speedup is too).
+    rows = [entry(row, *row.published) for row in PUBLISHED[:1]]
+    rows += [entry(row, row.published[0], 1.2 * row.published[1]) for row in (*PUBLISHED[1:], *OTHER_PUBLISHED)]
+    summary = paper_summary({"rows": rows})
+    assert summary == {"rows": 4, "tflops_within_15_percent": 1, "speedup_within_10_percent": 1,
+                       "other_rows": len(OTHER_PUBLISHED), "other_tflops_within_15_percent": 0,
+                       "other_speedup_within_10_percent": 0}
+    assert len(paper_markdown({"rows": rows}, listed_only=True).splitlines()) == 2 + 4
