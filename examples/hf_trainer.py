@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from zeropp.launch import finish_distributed
+
 REPOSITORY = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPOSITORY / "docs" / "design.md"  # any local text file will do
 
@@ -82,8 +84,7 @@ def end_distributed() -> None:
     gc.collect()  # the trainer's reference cycles, DDP's reducer among them, go while the group lives
     assert not any(isinstance(alive, torch.nn.parallel.DistributedDataParallel) for alive in gc.get_objects()), \
         "a DDP model outlives training: ending the group could hang"
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()  # before exit, so no gloo thread outlives Python
+    finish_distributed()  # every rank done, then the group destroyed: no gloo thread outlives Python
 
 
 def example_parser(description: str, ddp_help: str) -> argparse.ArgumentParser:
