@@ -74,7 +74,21 @@ def test_a_tier_refuses_a_dirty_tree_and_a_resume_at_another_commit(tmp_path, mo
     folder.mkdir(parents=True)
     (folder / runner.MANIFEST).write_text(json.dumps({"provenance": {"git_commit": "f" * 40}, "runs": {}}))
     with pytest.raises(ValueError, match="one tier holds one commit"):
-        runner._start_manifest(folder, "quick", {"git_commit": COMMIT}, resume=True)
+        runner._start_manifest(folder, "quick", {"git_commit": COMMIT}, resume=True, restarting=set())
+
+
+def test_a_fresh_start_of_some_runs_keeps_the_other_runs_records_at_the_same_commit(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "provenance", lambda: {"git_commit": COMMIT, "clean_tree": True})
+    monkeypatch.setattr(runner, "_execute", lambda run, *rest, **options: {"command": [run.name], "exit_code": 0,
+                                                                           "minutes": 1.0})
+    runner.run_tier("full", tmp_path, only=["paper", "comm"])
+    runner.run_tier("full", tmp_path, only=["comm"])
+    manifest = json.loads((tmp_path / RESULTS_FOLDER / "full" / runner.MANIFEST).read_text())
+    assert sorted(manifest["runs"]) == ["comm", "paper"]
+    monkeypatch.setattr(runner, "provenance", lambda: {"git_commit": "f" * 40, "clean_tree": True})
+    runner.run_tier("full", tmp_path, only=["comm"])
+    manifest = json.loads((tmp_path / RESULTS_FOLDER / "full" / runner.MANIFEST).read_text())
+    assert sorted(manifest["runs"]) == ["comm"]  # another commit's records do not stay
 
 
 def test_a_tier_runs_only_the_named_runs_and_names_the_allowed_ones(tmp_path, monkeypatch):

@@ -202,7 +202,8 @@ def _add_results(commands) -> None:
     run.add_argument("--resume", action="store_true", help="skip the runs done at this commit, finish the rest")
     run.add_argument("--runs", default=None,
                      help="comma-separated names of the tier's runs to do now (default: all); the others can "
-                          "follow with --resume at the same commit")
+                          "follow with --resume at the same commit; without --resume the named runs start over "
+                          "and the others' records at this commit stay")
     _subcommand(actions, "render", "rewrite the figure blocks of README.md and docs/results from the results")
     _subcommand(actions, "check", "exit 1 when a figure block differs from the stored results")
 

@@ -3,8 +3,10 @@
 The tree must be clean outside ``benchmarks/results/`` (``--allow-dirty`` runs anyway and
 marks every file as not citable). ``manifest.json`` in the tier's folder records the
 commit, the machine and each run's command, exit code and minutes; ``--resume`` skips the
-runs it lists as done and refuses to mix a second commit into the tier. A failed run is
-recorded and the next one starts: nothing measured is lost to one failure.
+runs it lists as done and refuses to mix a second commit into the tier. Without
+``--resume`` the runs named by ``--runs`` start over, and the records of the tier's other
+runs stay when the manifest is at the same commit. A failed run is recorded and the next
+one starts: nothing measured is lost to one failure.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def run_tier(tier: str, repository: Path, allow_dirty: bool = False, resume: boo
         needing = [run.name for run in runs if run.needs_root]
         raise ValueError(f"the {tier} tier's runs {needing} shape links between emulated nodes: run as root")
     folder = repository / RESULTS_FOLDER / tier
-    manifest = _start_manifest(folder, tier, source, resume)
+    manifest = _start_manifest(folder, tier, source, resume, restarting={run.name for run in runs})
     for index, run in enumerate(runs, 1):
         record = manifest["runs"].get(run.name, {})
         if record.get("exit_code") == 0:
@@ -69,15 +71,19 @@ def _selected(tier: str, only: list[str] | None) -> tuple[Run, ...]:
     return tuple(run for run in RUNS[tier] if run.name in only)
 
 
-def _start_manifest(folder: Path, tier: str, source: dict, resume: bool) -> dict:
+def _start_manifest(folder: Path, tier: str, source: dict, resume: bool, restarting: set[str]) -> dict:
+    """The tier's manifest: the stored one on ``resume``; otherwise a new one that keeps the
+    records of runs outside ``restarting`` made at the same commit (``--runs`` redoes a part)."""
     path = folder / MANIFEST
-    if resume and path.exists():
-        manifest = json.loads(path.read_text())
-        if manifest["provenance"]["git_commit"] != source["git_commit"]:
-            raise ValueError(f"--resume: {path} holds runs at {manifest['provenance']['git_commit']}, the tree is at "
+    stored = json.loads(path.read_text()) if path.exists() else None
+    same_commit = stored is not None and stored["provenance"]["git_commit"] == source["git_commit"]
+    if resume and stored is not None:
+        if not same_commit:
+            raise ValueError(f"--resume: {path} holds runs at {stored['provenance']['git_commit']}, the tree is at "
                              f"{source['git_commit']}; one tier holds one commit: rerun without --resume")
-        return manifest
-    manifest = {"tier": tier, "provenance": source, "runs": {}}
+        return stored
+    kept = {name: record for name, record in stored["runs"].items() if name not in restarting} if same_commit else {}
+    manifest = {"tier": tier, "provenance": source, "runs": kept}
     _write(folder, manifest)
     return manifest
 
