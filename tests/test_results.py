@@ -108,3 +108,22 @@ def test_the_readme_and_the_results_pages_state_what_the_stored_results_give():
     readme_blocks = {match["name"] for match in BLOCK.finditer((REPOSITORY / "README.md").read_text())}
     assert {"bytes", "throughput", "accumulation", "memory", "convergence"} <= readme_blocks
     assert all(BLOCK.search((REPOSITORY / path).read_text()) for path in RENDERED_FILES)
+
+
+def test_the_convergence_table_is_written_from_the_summary_read_back(tmp_path):
+    from zeropp_tools.results.sections import convergence_table
+
+    assert "Not yet run" in convergence_table(StoredResults(tmp_path))
+    rows = {"zero3": ([1.40, 1.38], [0.0, 0.0], 0.0, None), "zero++": ([1.41, 1.39], [0.714, 0.725], 0.72, 0.005)}
+    report = {"seeds": [0, 1], "noise_band_percent": 1.44, "versus_zero_pp": {},
+              "runs": {name: {"final_validation_loss": {str(seed): loss for seed, loss in enumerate(losses)},
+                              "gap_percent": {str(seed): gap for seed, gap in enumerate(gaps)},
+                              "mean_gap_percent": mean, "gap_standard_error": error,
+                              "node_link_bytes_per_step": 8e6, "resting_bytes_per_rank": None}
+                       for name, (losses, gaps, mean, error) in rows.items()},
+              "provenance": {**_comm_report(COMMIT, True)["provenance"], "command": "zeropp study convergence"}}
+    (tmp_path / "full" / "convergence").mkdir(parents=True)
+    (tmp_path / "full" / "convergence" / "summary.json").write_text(json.dumps(report))
+    table = convergence_table(StoredResults(tmp_path))
+    assert "| zero++ | 1.4100 | 1.3900 | +0.71%, +0.72% | +0.72% ± 0.01 | 8.000 | - |" in table
+    assert "2 seeds per variant" in table and "(max - min over mean): 1.44%" in table

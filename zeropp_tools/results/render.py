@@ -17,7 +17,7 @@ from pathlib import Path
 BLOCK = re.compile(r"(?P<open><!-- results: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results -->)", re.S)
 # The files whose figures come from benchmarks/results/, relative to the repository.
 RENDERED_FILES = ("README.md", "docs/results/bytes.md", "docs/results/throughput.md",
-                  "docs/results/accumulation.md", "docs/results/memory.md", "docs/results/rlhf.md",
+                  "docs/results/accumulation.md", "docs/results/memory.md", "docs/results/convergence.md", "docs/results/rlhf.md",
                   "docs/results/simulator.md")
 
 

@@ -20,6 +20,7 @@ from zeropp_tools.plan import comparison_markdown
 from zeropp_tools.results.tiers import FULL, QUICK
 from zeropp_tools.simulation import paper
 from zeropp_tools.simulation.compare import simulated_markdown
+from zeropp_tools.study import convergence
 
 
 def _label(bandwidth: str) -> str:
@@ -114,7 +115,21 @@ def convergence_bullet(results) -> str:
     gaps = ", ".join(f"{name} {row['mean_gap_percent']:+.2f}% ± {row['gap_standard_error']:.2f}"
                      for name, row in report["runs"].items() if name != "zero3" and row["gap_standard_error"])
     return _bullet(f"- **Convergence**: final validation loss against ZeRO-3's over {len(report['seeds'])} seeds "
-                   f"(mean gap ± standard error): {gaps} ({_source(report)}; [convergence](docs/results/convergence.md)).")
+                   f"(mean gap ± standard error): {gaps}; ZeRO-3's own spread over the seeds "
+                   f"{report['noise_band_percent']:.2f}% ({_source(report)}; [convergence](docs/results/convergence.md)).")
+
+
+def convergence_table(results) -> str:
+    """The ten-seed study's table, its noise band and the plot, or why there is none yet."""
+    path = f"{FULL}/convergence/summary.json"
+    if not results.exists(path):
+        return ("Not yet run at one clean commit: the full tier (`make results-full`) runs it, and this "
+                "table is then written from its `summary.json`.")
+    report = results.load(path)
+    return (f"`{_command(report)}`, {_source(report)}; {len(report['seeds'])} seeds per variant.\n\n"
+            + convergence.markdown(report)
+            + "\n\n![Validation loss and paired gap to ZeRO-3 over the seeds]"
+              "(../../benchmarks/results/full/convergence/convergence.png)")
 
 
 def bytes_table(results) -> str:
@@ -196,6 +211,7 @@ SECTIONS: dict[str, Callable] = {
     "accumulation": accumulation_bullet,
     "memory": memory_bullet,
     "convergence": convergence_bullet,
+    "convergence-table": convergence_table,
     "bytes-table": bytes_table,
     "throughput-table": throughput_table,
     "throughput-planner": throughput_planner,

@@ -227,6 +227,15 @@ def _config_and_world(run: dict) -> tuple[dict, int]:
     return run["config"], run.get("world_size", DEFAULT_WORLD_SIZE)
 
 
+def markdown(report: dict) -> str:
+    """The study's table as :func:`run_study` wrote it, from a ``summary.json`` read back
+    (JSON keeps the seeds of each row as strings)."""
+    runs = {name: {**row, **{key: {int(seed): value for seed, value in row[key].items()}
+                             for key in ("final_validation_loss", "gap_percent")}}
+            for name, row in report["runs"].items()}
+    return _markdown({**report, "runs": runs})
+
+
 def _markdown(report: dict) -> str:
     seeds = report["seeds"]
     header = ("| run | " + " | ".join(f"loss, seed {s}" for s in seeds)
