@@ -112,7 +112,8 @@ def convergence_bullet(results) -> str:
     if not results.exists(f"{FULL}/convergence/summary.json"):
         return _not_yet("Convergence (10 seeds)", "docs/results/convergence.md", "convergence")
     report = results.load(f"{FULL}/convergence/summary.json")
-    gaps = ", ".join(f"{name} {row['mean_gap_percent']:+.2f}% ± {row['gap_standard_error']:.2f}"
+    # The names without their formats, which the linked page's table gives.
+    gaps = ", ".join(f"{name.split(' (')[0]} {row['mean_gap_percent']:+.2f}% ± {row['gap_standard_error']:.2f}"
                      for name, row in report["runs"].items() if name != "zero3" and row["gap_standard_error"])
     return _bullet(f"- **Convergence**: final validation loss against ZeRO-3's over {len(report['seeds'])} seeds "
                    f"(mean gap ± standard error): {gaps}; ZeRO-3's own spread over the seeds "
