@@ -127,3 +127,45 @@ def test_the_convergence_table_is_written_from_the_summary_read_back(tmp_path):
     table = convergence_table(StoredResults(tmp_path))
     assert "| zero++ | 1.4100 | 1.3900 | +0.71%, +0.72% | +0.72% ± 0.01 | 8.000 | - |" in table
     assert "2 seeds per variant" in table and "(max - min over mean): 1.44%" in table
+
+
+def _throughput_report(bandwidths: dict[str, dict[str, float]], commit: str = COMMIT) -> dict:
+    """A stored throughput.json with ``bandwidths``: {bandwidth: {variant: tokens/s}}."""
+    from zeropp_tools.bench.throughput import ratios
+
+    results = {bandwidth: {variant: {"tokens_per_s": rate, "tokens_per_s_runs": [rate],
+                                     **({"auto_decisions": [{"choice": "zero++"}]} if variant == "auto" else {})}
+                           for variant, rate in row.items()} for bandwidth, row in bandwidths.items()}
+    return {"results": results, "ratios": ratios(results), "repetitions": 3, "layout": "2x2",
+            "train_arguments": ["--model", "medium"], "precision": {"compute_dtype": "bf16", "why": "native"},
+            "provenance": {**_comm_report(commit, True)["provenance"], "torch": "2.13.0",
+                           "command": "zeropp bench throughput"}}
+
+
+def _write(folder: Path, relative: str, report: dict) -> None:
+    (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+    (folder / relative).write_text(json.dumps(report))
+
+
+def test_the_readme_throughput_line_comes_from_the_full_matrix_and_states_auto_mode_once_they_exist(tmp_path):
+    from zeropp_tools.results.sections import throughput_auto, throughput_bullet
+
+    peers = {"fsdp2-hsdp": 500.0, "deepspeed-zero++": 400.0}
+    _write(tmp_path, "quick/throughput/throughput.json",
+           _throughput_report({"none": {"zero3": 2000.0, "zero++": 1800.0, **peers},
+                               "200": {"zero3": 400.0, "zero++": 1200.0, **peers}}, "f" * 40))
+    assert "at 200 Mbit/s ZeRO++ trains at 3.00x" in " ".join(throughput_bullet(StoredResults(tmp_path)).split())
+    assert "Not yet run" in throughput_auto(StoredResults(tmp_path))
+    _write(tmp_path, "full/throughput/throughput.json",
+           _throughput_report({"none": {"zero3": 2000.0, "zero++": 1800.0, "hpz": 1900.0, **peers},
+                               "50": {"zero3": 100.0, "zero++": 500.0, "hpz": 300.0, **peers}}))
+    _write(tmp_path, "full/auto/throughput.json",
+           _throughput_report({"none": {"zero3": 2000.0, "zero++": 1800.0, "auto": 1900.0}}))
+    _write(tmp_path, "full/auto_50/throughput.json",
+           _throughput_report({"50": {"zero3": 100.0, "zero++": 500.0, "auto": 450.0}}))
+    words = " ".join(throughput_bullet(StoredResults(tmp_path)).split())
+    assert "at 50 Mbit/s ZeRO++ trains at 5.00x" in words
+    assert "auto mode unshaped 0.95x, 50 Mbit/s 0.90x of the best scheme it can choose" in words
+    table = throughput_auto(StoredResults(tmp_path))
+    assert "| unshaped | 1,900 | zero++ | zero3 | 2,000 | 0.95x |" in table
+    assert "| 50 Mbit/s | 450 | zero++ | zero++ | 500 | 0.90x |" in table

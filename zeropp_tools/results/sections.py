@@ -65,8 +65,15 @@ def bytes_bullet(results) -> str:
                    f"{agreement} the analytic prediction ({_source(report)}; [bytes](docs/results/bytes.md)).")
 
 
+FULL_THROUGHPUT = f"{FULL}/throughput/throughput.json"
+# Auto mode's runs: 100 steps at the faster links (its trials take up to 32), 30 at 50 Mbit/s.
+AUTO_RUNS = (f"{FULL}/auto/throughput.json", f"{FULL}/auto_50/throughput.json")
+
+
 def throughput_bullet(results) -> str:
-    report = results.load(f"{QUICK}/throughput/throughput.json")
+    """The README's throughput line: from the full tier's matrix once it has run at a clean
+    commit (every fixed scheme, both set-ups of each peer), else from the quick tier."""
+    report = results.load(FULL_THROUGHPUT if results.exists(FULL_THROUGHPUT) else f"{QUICK}/throughput/throughput.json")
     ratios = report["ratios"]
     slowest = min(ratios, key=lambda bandwidth: float("inf") if bandwidth == "none" else float(bandwidth))
     peers = ratios[slowest]
@@ -76,7 +83,17 @@ def throughput_bullet(results) -> str:
                    f"{report['precision']['compute_dtype']}): at {_label(slowest)} ZeRO++ trains at "
                    f"{peers['zero++_vs_zero3']:.2f}x ZeRO-3's tokens/s, {peers['zero++_vs_best_fsdp2']:.2f}x FSDP2 "
                    f"HSDP's and {peers['zero++_vs_best_deepspeed']:.2f}x DeepSpeed ZeRO++'s; against ZeRO-3 "
-                   f"{figures} ({_source(report)}; [throughput](docs/results/throughput.md)).")
+                   f"{figures}{_auto_clause(results)} ({_source(report)}; [throughput](docs/results/throughput.md)).")
+
+
+def _auto_clause(results) -> str:
+    """Auto mode against the best scheme it can choose, per link, once its runs exist."""
+    if not results.exists(FULL_THROUGHPUT) or not all(results.exists(path) for path in AUTO_RUNS):
+        return ""
+    ratios = {bandwidth: entry["auto_vs_best_fixed"] for path in AUTO_RUNS
+              for bandwidth, entry in results.load(path)["ratios"].items()}
+    return ("; auto mode " + ", ".join(f"{_label(bandwidth)} {ratio:.2f}x" for bandwidth, ratio in ratios.items())
+            + " of the best scheme it can choose")
 
 
 def accumulation_bullet(results) -> str:
@@ -142,6 +159,34 @@ def throughput_table(results) -> str:
     report = results.load(f"{QUICK}/throughput/throughput.json")
     return (throughput.header(report) + throughput.markdown(report) + "\n\n"
             + throughput.ratios_markdown(report["ratios"]))
+
+
+def throughput_full(results) -> str:
+    """The full tier's matrix: every fixed scheme and both set-ups of each peer at every link."""
+    if not results.exists(FULL_THROUGHPUT):
+        return "Not yet run at one clean commit: `make results-full` runs it, and this table is then written from it."
+    report = results.load(FULL_THROUGHPUT)
+    return (throughput.header(report) + throughput.markdown(report) + "\n\n"
+            + throughput.ratios_markdown(report["ratios"]))
+
+
+def throughput_auto(results) -> str:
+    """Auto mode beside every scheme it can choose, held to the best of them, per link."""
+    if not all(results.exists(path) for path in AUTO_RUNS):
+        return "Not yet run at one clean commit: `make results-full` runs it, and this table is then written from it."
+    lines = ["| link | auto mode, tokens/s | ran | best scheme it can choose | its tokens/s | auto / best |",
+             "|---|---|---|---|---|---|"]
+    headers = []
+    for path in AUTO_RUNS:
+        report = results.load(path)
+        headers.append(throughput.header(report).strip())
+        for bandwidth, entry in report["ratios"].items():
+            row = report["results"][bandwidth]
+            auto, best = row["auto"], row[entry["best_fixed"]]
+            ran = auto["auto_decisions"][-1]["choice"] if auto.get("auto_decisions") else "-"
+            lines.append(f"| {_label(bandwidth)} | {auto['tokens_per_s']:,.0f} | {ran} | {entry['best_fixed']} | "
+                         f"{best['tokens_per_s']:,.0f} | {entry['auto_vs_best_fixed']:.2f}x |")
+    return "\n\n".join(headers) + "\n\n" + "\n".join(lines)
 
 
 def throughput_planner(results) -> str:
@@ -216,6 +261,8 @@ SECTIONS: dict[str, Callable] = {
     "bytes-table": bytes_table,
     "throughput-table": throughput_table,
     "throughput-planner": throughput_planner,
+    "throughput-full": throughput_full,
+    "throughput-auto": throughput_auto,
     "accumulation-table": accumulation_table,
     "accumulation-study": accumulation_study,
     "memory-table": memory_table,
