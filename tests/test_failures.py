@@ -85,6 +85,23 @@ def test_debug_mode_reports_divergent_collectives():
         assert "member 1: all_gather" in message and "unit second:True" in message
 
 
+def test_debug_mode_fingerprints_live_on_the_collectives_device():
+    # NCCL gathers CUDA tensors only: the fingerprints go where the collective's tensor is.
+    # The meta device stands in for the GPU on a fake process group.
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from zeropp.collectives.failures import CollectiveCall, gather_fingerprints
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        call = CollectiveCall("all_gather", "world", "forward", "unit 0", 8, "float32")
+        fingerprint, everyone = gather_fingerprints(call, None, 4, torch.device("meta"))
+    finally:
+        dist.destroy_process_group()
+    assert fingerprint.device.type == everyone.device.type == "meta" and everyone.shape == (4,)
+
+
 def nonfinite(rank, world_size, policy):
     topology = Topology.from_environment(ranks_per_node=1)
     torch.manual_seed(0)

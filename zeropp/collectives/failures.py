@@ -41,6 +41,18 @@ class CollectiveCall:
         return f"{self.op} of {self.numel} {self.dtype} on {self.group} group ({self.phase}, unit {self.label or '-'})"
 
 
+def gather_fingerprints(call: CollectiveCall, group_handle, group_size: int,
+                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this member's fingerprint [1], every member's [group_size]) int64 on ``device``: the
+    backend's device (NCCL gathers CUDA tensors only)."""
+    # A stable digest: Python's hash() of strings differs between processes.
+    digest = int.from_bytes(hashlib.blake2b(call.describe().encode(), digest_size=7).digest(), "little")
+    fingerprint = torch.tensor([digest], dtype=torch.int64, device=device)
+    everyone = torch.empty(group_size, dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(everyone, fingerprint, group=group_handle)
+    return fingerprint, everyone
+
+
 class TrackedWork:
     """A collective in flight; ``wait`` converts backend failures into CollectiveError."""
 
@@ -101,13 +113,9 @@ def _ask_store(rank: int, world_size: int) -> str:
         return "unknown: the rendezvous store (hosted by rank 0) is unreachable, so rank 0 is one of them"
 
 
-def check_same_call(call: CollectiveCall, group_handle, group_size: int) -> None:
+def check_same_call(call: CollectiveCall, group_handle, group_size: int, device: torch.device) -> None:
     """Debug mode: all members compare a fingerprint of the call they are about to make."""
-    # A stable digest: Python's hash() of strings differs between processes.
-    digest = int.from_bytes(hashlib.blake2b(call.describe().encode(), digest_size=7).digest(), "little")
-    fingerprint = torch.tensor([digest], dtype=torch.int64)
-    everyone = torch.empty(group_size, dtype=torch.int64)
-    dist.all_gather_into_tensor(everyone, fingerprint, group=group_handle)
+    fingerprint, everyone = gather_fingerprints(call, group_handle, group_size, device)
     if (everyone == fingerprint).all():
         return
     calls = [None] * group_size

@@ -74,7 +74,7 @@ class Communicator:
         # points that differ between ranks, so a blocking check there would wait on a peer
         # blocked in the main group's check (a deadlock the collectives themselves avoid).
         if self.check_order and not group.launched_on_arrival:
-            check_same_call(call, group.handle, group.size)
+            check_same_call(call, group.handle, group.size, tensor.device)
         work = launch()
         on_wait = None
         if self.schedule is not None:
