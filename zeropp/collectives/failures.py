@@ -49,7 +49,7 @@ def gather_fingerprints(call: CollectiveCall, group_handle, group_size: int,
     digest = int.from_bytes(hashlib.blake2b(call.describe().encode(), digest_size=7).digest(), "little")
     fingerprint = torch.tensor([digest], dtype=torch.int64, device=device)
     everyone = torch.empty(group_size, dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(everyone, fingerprint, group=group_handle)
+    dist.all_gather_single(everyone, fingerprint, group=group_handle)
     return fingerprint, everyone
 
 
