@@ -213,38 +213,3 @@ def test_the_paper_summary_counts_the_listed_rows_apart_from_the_others():
                        "other_rows": len(OTHER_PUBLISHED), "other_tflops_within_15_percent": 0,
                        "other_speedup_within_10_percent": 0}
     assert len(paper_markdown({"rows": rows}, listed_only=True).splitlines()) == 2 + 4
-
-
-def test_a_probed_link_replaces_the_shapers_rate_and_an_unprobed_one_loses_tcps_headers():
-    from zeropp_tools.simulation.calibrate import TCP_PAYLOAD_SHARE
-    from zeropp_tools.simulation.compare import link_hardware
-
-    probes = {"50": {"adapter_bytes_per_s": 5e6, "source": "test"}}
-    assert link_hardware(ROUND, "none", probes) is ROUND
-    assert link_hardware(ROUND, "50", probes).inter_node_bytes_per_s == pytest.approx(5e6)
-    assert link_hardware(ROUND, "200", probes).inter_node_bytes_per_s == pytest.approx(25e6 * TCP_PAYLOAD_SHARE)
-    older = replace(ROUND, link_efficiency=TCP_PAYLOAD_SHARE)  # descriptions that apply TCP's share themselves
-    assert link_hardware(older, "200").inter_node_bytes_per_s == pytest.approx(25e6 * TCP_PAYLOAD_SHARE)
-
-
-def _probe_links_beside_compute(rank, world_size):
-    from zeropp import Topology
-    from zeropp_tools.simulation import calibrate
-
-    # Fewer and smaller probes than a calibration takes: this rank's copy of the module only.
-    calibrate.PROBES, calibrate.REPEATS, calibrate.ADAPTER_CHUNK = 1, 2, 64 << 10
-    topology = Topology.from_environment(ranks_per_node=2)
-    steps = []
-    step, flops, _ = calibrate._gpt_step("tiny", (2, 16), "fp32")
-    with calibrate._computing(lambda: steps.append(step())):
-        latencies = calibrate._latencies(topology)
-        adapter = calibrate._adapter_bytes_per_s(topology, latencies)
-    return latencies, adapter, len(steps), flops
-
-
-def test_the_calibration_probes_the_links_while_every_rank_computes():
-    from zeropp.launch import spawn_ranks
-
-    for (intra, inter), adapter, steps, flops in spawn_ranks(_probe_links_beside_compute, 4):
-        assert intra > 0 and inter >= 0 and 0 < adapter < float("inf") and flops > 0
-        assert steps >= 1  # the compute loop ran beside the probes

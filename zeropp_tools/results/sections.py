@@ -248,10 +248,6 @@ def simulator_cluster(results) -> str:
               f"{calibration['adapter_bytes_per_s'] * 8 / 1e6:,.0f} Mbit/s between nodes unshaped, latency "
               f"{calibration['intra_node_step_latency_s'] * 1e3:.2f} / {calibration['inter_node_step_latency_s'] * 1e3:.2f} "
               f"ms per step inside / across nodes, kernels {calibration['kernel_bytes_per_s'] / 1e9:.1f} GB/s.")
-    probes = report.get("link_probes")
-    if probes:
-        inputs += " Shaped links, probed the same way: " + ", ".join(
-            f"{bandwidth} Mbit/s carries {probe['adapter_bytes_per_s'] * 8 / 1e6:,.1f}" for bandwidth, probe in probes.items()) + "."
     return (f"{throughput.header(report)}{_bullet(inputs)}\n\n" + simulated_markdown(report["simulator"]))
 
 

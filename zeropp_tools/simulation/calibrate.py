@@ -6,24 +6,18 @@ Every rank measures at the same time, so each sees the machine as a training job
     sustained_flops         forward + backward of the GPT, not sharded, at the benchmark's
                             batch and precision: 6 x parameters x tokens / seconds
     slowdown                the same, while a loop of world all-gathers runs beside it
-    intra-node bandwidth    all-gather of 8 MB per rank inside the node       } while every rank
-    latency                 one-byte all-gathers inside the node and across   } runs that forward
-    adapter                 all-gather of 1 MB per rank across nodes          } + backward beside
+    intra-node bandwidth    all-gather of 8 MB per rank inside the node
+    latency                 one-byte all-gathers inside the node and across nodes
+    adapter                 all-gather across nodes, unshaped (shaped runs set the rate)
     kernels                 INT8 block quantize + dequantize (3 bytes moved per code byte)
     optimizer               AdamW over this rank's share of the parameters
 
-The links are measured beside compute because a CPU rank computes whenever it does not
-wait: four ranks share the cores with gloo's threads and the kernel's TCP stack, and on an
-idle machine the same probes read several times faster than training's collectives run.
-With ``--link-only`` (on a shaped cluster) only the adapter is measured: what the shaped
-link carries, where the shaper's nominal rate leaves out TCP's and the queue's losses.
 Rank 0 writes the hardware description, each number with how it was measured.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import threading
@@ -43,7 +37,6 @@ REPEATS = 5
 # probe keeps the fastest of three: single 8 MB probes inside a node read 65 MB/s in one
 # calibration and 234-249 MB/s in the next two, minutes apart on an idle machine.
 PROBES = 3
-ADAPTER_CHUNK = 1 << 20  # bytes per rank: about one unit's gather share of the benchmark's GPT
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # TCP over a 1500-byte MTU: 1448 payload bytes in a 1514-byte frame (with timestamps).
 TCP_PAYLOAD_SHARE = 1448 / 1514
@@ -98,48 +91,7 @@ def _alone_and_beside(step, world, side_numel: int, gather_s: float, world_size:
     return alone, _slowest(beside)
 
 
-@contextlib.contextmanager
-def _computing(step):
-    """Every rank runs ``step`` in a loop beside the block (a thread: the ops release the
-    GIL), so the probes inside see the cores as training leaves them to collectives."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            step()
-
-    worker = threading.Thread(target=loop, daemon=True)
-    dist.barrier()
-    worker.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        worker.join()
-
-
-def _latencies(topology: Topology) -> tuple[float, float]:
-    """Seconds per ring step of a one-byte all-gather, (inside a node, across nodes)."""
-    per_node, nodes = topology.ranks_per_node, topology.num_nodes
-    intra = _gather_seconds(topology.group("intra_node").handle, 1, per_node) / max(1, per_node - 1)
-    world = _gather_seconds(topology.group("world").handle, 1, topology.world_size)
-    inter = max(0.0, world - (topology.world_size - nodes) * intra) / max(1, nodes - 1)
-    return intra, inter
-
-
-def _adapter_bytes_per_s(topology: Topology, latencies: tuple[float, float]) -> float:
-    """What one node's link carries in: a world all-gather of ``ADAPTER_CHUNK`` bytes per
-    rank, less its ring steps' latency (the simulator adds those on top)."""
-    per_node, nodes, world_size = topology.ranks_per_node, topology.num_nodes, topology.world_size
-    seconds = _gather_seconds(topology.group("world").handle, ADAPTER_CHUNK, world_size)
-    intra, inter = latencies
-    latency = (world_size - nodes) * intra + (nodes - 1) * inter
-    # A latency probe that ran slow cannot leave the transfer under half the gather's time.
-    return per_node * (world_size - per_node) * ADAPTER_CHUNK / max(seconds - latency, seconds / 2)
-
-
-def _gpt_step(model_size: str, tokens: tuple[int, int], precision: str):
-    """(forward + backward of the GPT at the benchmark's batch, its FLOPs, its parameters)."""
+def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset(model_size)).to(DTYPES[precision])
     batch, length = tokens
@@ -149,30 +101,24 @@ def _gpt_step(model_size: str, tokens: tuple[int, int], precision: str):
         model(inputs[:, :-1], inputs[:, 1:]).float().backward()
 
     parameters = sum(parameter.numel() for parameter in model.parameters())
-    return step, 6 * parameters * batch * length, parameters
-
-
-def measure_link(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
-    """The adapter alone, beside compute: for a shaped link."""
-    step, _, _ = _gpt_step(model_size, tokens, precision)
-    with _computing(step):
-        return {"adapter_bytes_per_s": _adapter_bytes_per_s(topology, _latencies(topology))}
-
-
-def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
-    step, flops, parameters = _gpt_step(model_size, tokens, precision)
+    flops = 6 * parameters * batch * length
     world = topology.group("world").handle
     side_numel = 4 << 20
     gather_s = _gather_seconds(world, side_numel, topology.world_size)
     pairs = [_alone_and_beside(step, world, side_numel, gather_s, topology.world_size) for _ in range(PROBES)]
     alone = statistics.median(alone for alone, _ in pairs)
     slowdown = statistics.median(max(0.0, 1 - alone / beside) for alone, beside in pairs)
+    dist.barrier()
     per_node = topology.ranks_per_node
     intra_numel = 8 << 20
-    with _computing(step):
-        intra_s = _gather_seconds(topology.group("intra_node").handle, intra_numel, per_node)
-        intra_latency, inter_latency = latencies = _latencies(topology)
-        adapter = _adapter_bytes_per_s(topology, latencies)
+    intra_s = _gather_seconds(topology.group("intra_node").handle, intra_numel, per_node)
+    intra_latency = _gather_seconds(topology.group("intra_node").handle, 1, per_node) / max(1, per_node - 1)
+    world_latency = _gather_seconds(world, 1, topology.world_size)
+    nodes = topology.num_nodes
+    inter_latency = max(0.0, world_latency - (topology.world_size - nodes) * intra_latency) / max(1, nodes - 1)
+    inter_numel = 8 << 20
+    world_s = _gather_seconds(world, inter_numel, topology.world_size)
+    adapter = per_node * (topology.world_size - per_node) * inter_numel / world_s  # into one node
     values = torch.randn(1 << 22)
     fmt = BlockFormat(8, 2048)
     packed = quantize(values, fmt)
@@ -205,21 +151,17 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
         **measured,
         "processors": 0, "tile_m": 1, "tile_n": 1,
         "network_adapters_per_node": 1,
-        "link_efficiency": 1.0,
+        "link_efficiency": TCP_PAYLOAD_SHARE,
         "sources": {
             "sustained_flops": f"6 x parameters x tokens / forward + backward seconds (median of {REPEATS}), {where}",
             "slowdown_during_communication": f"1 - that step's time / its time beside a loop of 4 MB world all-gathers, median of {PROBES} pairs, {where}",
-            "intra_node_bytes_per_s": f"an 8 MB-per-rank all-gather inside the node while every rank computes, "
-                                      f"fastest of {PROBES}, {where}",
+            "intra_node_bytes_per_s": f"an 8 MB-per-rank all-gather inside the node, fastest of {PROBES}, {where}",
             "base_latency_s": "folded into the step latencies",
-            "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps while every "
-                                         f"rank computes, {where}",
-            "inter_node_step_latency_s": f"a 1-byte world all-gather less its intra-node steps while every rank "
-                                         f"computes, {where}",
-            "adapter_bytes_per_s": f"a 1 MB-per-rank world all-gather on the unshaped link while every rank computes, "
-                                   f"fastest of {PROBES}, payload bytes into a node less the ring steps' latency, "
-                                   f"{where}; a shaped run replaces it with the same probe on the shaped link",
-            "link_efficiency": "1: every rate above is measured as payload bytes",
+            "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps, {where}",
+            "inter_node_step_latency_s": f"a 1-byte world all-gather less its intra-node steps, {where}",
+            "adapter_bytes_per_s": f"an 8 MB-per-rank world all-gather on the unshaped link, fastest of {PROBES}, bytes into a node, {where}; "
+                                   "a shaped run replaces it with the shaper's rate",
+            "link_efficiency": "TCP payload share of a 1500-byte MTU frame: 1448 / 1514 (the shaper counts frames)",
             "kernel_bytes_per_s": f"INT8 block quantize + dequantize of 4M values, 3 bytes per code byte, {where}",
             "optimizer_bytes_per_parameter": f"AdamW over 1/W of the parameters, as bytes at the kernel rate, {where}",
             "processors": "a CPU core has no waves to fill",
@@ -239,23 +181,14 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--precision", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--out", required=True)
-    parser.add_argument("--link-only", action="store_true",
-                        help="measure the adapter alone (on a shaped cluster): writes {adapter_bytes_per_s, source}")
     arguments = parser.parse_args()
     torch.set_num_threads(1)
     init_from_torchrun()
     topology = Topology.from_environment()
     source = provenance()
-    tokens = (arguments.batch_per_rank, arguments.seq_len)
-    if arguments.link_only:
-        measured = measure_link(arguments.model, tokens, arguments.precision, topology)
-        description = {**measured, "source": f"a {ADAPTER_CHUNK >> 20} MB-per-rank world all-gather while every rank "
-                                               f"computes, fastest of {PROBES}, payload bytes into a node, at "
-                                               f"{source['git_commit']}"}
-    else:
-        description = describe(measure(arguments.model, tokens, arguments.precision, topology), arguments, topology,
-                               source)
+    measured = measure(arguments.model, (arguments.batch_per_rank, arguments.seq_len), arguments.precision, topology)
     if topology.rank == 0:
+        description = describe(measured, arguments, topology, source)
         Path(arguments.out).write_text(json.dumps(description, indent=2) + "\n")
     finish_distributed()
     exit_without_finalization(0)
