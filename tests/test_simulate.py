@@ -213,3 +213,12 @@ def test_the_paper_summary_counts_the_listed_rows_apart_from_the_others():
                        "other_rows": len(OTHER_PUBLISHED), "other_tflops_within_15_percent": 0,
                        "other_speedup_within_10_percent": 0}
     assert len(paper_markdown({"rows": rows}, listed_only=True).splitlines()) == 2 + 4
+
+
+def test_the_adapter_probe_counts_the_rings_bytes_into_a_node():
+    from zeropp_tools.simulation.calibrate import ring_bytes_into_node
+
+    # 2 x 2: ring 0 -> 1 -> 2 -> 3 -> 0 enters node 0 only over 3 -> 0, three chunks in all.
+    assert ring_bytes_into_node(Layout(4, 2), 100) == 300
+    assert ring_bytes_into_node(Layout(8, 4), 100) == 700
+    assert ring_bytes_into_node(Layout(4, 4), 100) == 0

@@ -30,7 +30,8 @@ import torch.distributed as dist
 from zeropp.launch import exit_without_finalization, finish_distributed, init_from_torchrun
 from zeropp.models import GPT, GPTConfig
 from zeropp.quantization.blocks import BlockFormat, dequantize, quantize
-from zeropp.topology import Topology
+from zeropp import traffic
+from zeropp.topology import Layout, Topology
 
 REPEATS = 5
 # A link's rate is its fastest probe (noise on shared cores only slows one), as auto mode's
@@ -67,6 +68,15 @@ def _gather_seconds(group, numel: int, size: int) -> float:
         dist.barrier()
         probes.append(_slowest(_median_seconds(lambda: dist.all_gather_into_tensor(output, shard, group=group))))
     return min(probes)
+
+
+def ring_bytes_into_node(layout: Layout, chunk_bytes: int) -> int:
+    """Bytes a ring all-gather of ``chunk_bytes`` per rank over the world carries into node
+    0, as the accounting counts them: on 2 x 2 the ring enters each node once per step, so
+    3 chunks, not the 4 remote ones (one of them crosses twice, once each way)."""
+    world = range(layout.world_size)
+    return sum(traffic.ring(layout, rank, world, chunk_bytes).inter_node
+               for rank in world if layout.node_of(rank) == 0)
 
 
 def _alone_and_beside(step, world, side_numel: int, gather_s: float, world_size: int) -> tuple[float, float]:
@@ -118,7 +128,7 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
     inter_latency = max(0.0, world_latency - (topology.world_size - nodes) * intra_latency) / max(1, nodes - 1)
     inter_numel = 8 << 20
     world_s = _gather_seconds(world, inter_numel, topology.world_size)
-    adapter = per_node * (topology.world_size - per_node) * inter_numel / world_s  # into one node
+    adapter = ring_bytes_into_node(topology.layout, inter_numel) / world_s
     values = torch.randn(1 << 22)
     fmt = BlockFormat(8, 2048)
     packed = quantize(values, fmt)
@@ -159,7 +169,7 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
             "base_latency_s": "folded into the step latencies",
             "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps, {where}",
             "inter_node_step_latency_s": f"a 1-byte world all-gather less its intra-node steps, {where}",
-            "adapter_bytes_per_s": f"an 8 MB-per-rank world all-gather on the unshaped link, fastest of {PROBES}, bytes into a node, {where}; "
+            "adapter_bytes_per_s": f"an 8 MB-per-rank world all-gather on the unshaped link, fastest of {PROBES}, the ring's bytes into a node, {where}; "
                                    "a shaped run replaces it with the shaper's rate",
             "link_efficiency": "TCP payload share of a 1500-byte MTU frame: 1448 / 1514 (the shaper counts frames)",
             "kernel_bytes_per_s": f"INT8 block quantize + dequantize of 4M values, 3 bytes per code byte, {where}",
