@@ -65,6 +65,7 @@ def bytes_bullet(results) -> str:
                    f"{agreement} the analytic prediction ({_source(report)}; [bytes](docs/results/bytes.md)).")
 
 
+NOT_YET_RUN = "Not yet run at one clean commit: `make results-full` runs it, and this table is then written from it."
 FULL_THROUGHPUT = f"{FULL}/throughput/throughput.json"
 # Auto mode's runs: 100 steps at the faster links (its trials take up to 32), 30 at 50 Mbit/s.
 AUTO_RUNS = (f"{FULL}/auto/throughput.json", f"{FULL}/auto_50/throughput.json")
@@ -156,7 +157,11 @@ def bytes_table(results) -> str:
 
 
 def throughput_table(results) -> str:
-    report = results.load(f"{QUICK}/throughput/throughput.json")
+    return _throughput_markdown(results.load(f"{QUICK}/throughput/throughput.json"))
+
+
+def _throughput_markdown(report: dict) -> str:
+    """A throughput report's header, table and ratios."""
     return (throughput.header(report) + throughput.markdown(report) + "\n\n"
             + throughput.ratios_markdown(report["ratios"]))
 
@@ -164,16 +169,14 @@ def throughput_table(results) -> str:
 def throughput_full(results) -> str:
     """The full tier's matrix: every fixed scheme and both set-ups of each peer at every link."""
     if not results.exists(FULL_THROUGHPUT):
-        return "Not yet run at one clean commit: `make results-full` runs it, and this table is then written from it."
-    report = results.load(FULL_THROUGHPUT)
-    return (throughput.header(report) + throughput.markdown(report) + "\n\n"
-            + throughput.ratios_markdown(report["ratios"]))
+        return NOT_YET_RUN
+    return _throughput_markdown(results.load(FULL_THROUGHPUT))
 
 
 def throughput_auto(results) -> str:
     """Auto mode beside every scheme it can choose, held to the best of them, per link."""
     if not all(results.exists(path) for path in AUTO_RUNS):
-        return "Not yet run at one clean commit: `make results-full` runs it, and this table is then written from it."
+        return NOT_YET_RUN
     lines = ["| link | auto mode, tokens/s | ran | best scheme it can choose | its tokens/s | auto / best |",
              "|---|---|---|---|---|---|"]
     headers = []

@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zeropp import traffic
 from zeropp.launch import exit_without_finalization, finish_distributed, init_from_torchrun
 from zeropp.models import GPT, GPTConfig
 from zeropp.quantization.blocks import BlockFormat, dequantize, quantize
-from zeropp import traffic
 from zeropp.topology import Layout, Topology
 
 REPEATS = 5
