@@ -222,3 +222,35 @@ def test_the_adapter_probe_counts_the_rings_bytes_into_a_node():
     assert ring_bytes_into_node(Layout(4, 2), 100) == 300
     assert ring_bytes_into_node(Layout(8, 4), 100) == 700
     assert ring_bytes_into_node(Layout(4, 4), 100) == 0
+
+
+def test_a_probed_link_replaces_the_shapers_rate_and_an_unprobed_one_loses_tcps_headers():
+    from zeropp_tools.simulation.calibrate import TCP_PAYLOAD_SHARE
+    from zeropp_tools.simulation.compare import link_hardware
+
+    probes = {"50": {"adapter_bytes_per_s": 5e6, "source": "test"}}
+    assert link_hardware(ROUND, "none", probes) is ROUND
+    assert link_hardware(ROUND, "50", probes).inter_node_bytes_per_s == pytest.approx(5e6)
+    assert link_hardware(ROUND, "200", probes).inter_node_bytes_per_s == pytest.approx(25e6 * TCP_PAYLOAD_SHARE)
+    older = replace(ROUND, link_efficiency=TCP_PAYLOAD_SHARE)  # descriptions that apply TCP's share themselves
+    assert link_hardware(older, "200").inter_node_bytes_per_s == pytest.approx(25e6 * TCP_PAYLOAD_SHARE)
+
+
+def _loaded_probe(rank, world_size):
+    import time
+
+    from zeropp import Topology
+    from zeropp_tools.simulation import calibrate
+
+    calibrate.LOADED_ROUNDS, calibrate.LINK_CHUNK = 3, 64 << 10  # this rank's copy of the module only
+    topology = Topology.from_environment(ranks_per_node=2)
+    return calibrate._loaded_link(lambda: time.sleep(0.05 if rank == 0 else 0.0), topology)
+
+
+def test_the_loaded_probe_waits_for_the_slowest_ranks_compute():
+    from zeropp.launch import spawn_ranks
+
+    for empty, adapter in spawn_ranks(_loaded_probe, 4):
+        # Ranks 1-3 wait out rank 0's 50 ms of compute before each gather: 3/4 of it on average.
+        assert 0.03 <= empty < 0.5
+        assert 0 < adapter < float("inf")

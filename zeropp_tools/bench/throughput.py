@@ -29,7 +29,8 @@ from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.plan import compare, comparison_markdown
 from zeropp_tools.schemes import QUALITY_SETTINGS
-from zeropp_tools.simulation.compare import calibrate_on_cluster, simulated_comparison, simulated_markdown
+from zeropp_tools.simulation.compare import (LINK_PROBES_FILE, calibrate_on_cluster, probe_shaped_links,
+                                             simulated_comparison, simulated_markdown)
 
 logger = logging.getLogger(__name__)
 
@@ -235,8 +236,10 @@ def main(args) -> int:
         raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}, "
                          f"a variant of zeropp also with any of {list(SUFFIXES)} appended")
     out.mkdir(parents=True, exist_ok=True)
+    bandwidths = args.bandwidths.split(",")
     calibrate_on_cluster(args.nodes, args.ranks_per_node, train_arguments, out / CALIBRATION_FILE)
-    report = run(args.nodes, args.ranks_per_node, args.bandwidths.split(","), variants, train_arguments, out,
+    probe_shaped_links(args.nodes, args.ranks_per_node, train_arguments, bandwidths, out / LINK_PROBES_FILE)
+    report = run(args.nodes, args.ranks_per_node, bandwidths, variants, train_arguments, out,
                  args.repetitions, known={"precision": {"compute_dtype": precision, "why": why}})
     return _write_report(report, out)
 
@@ -260,8 +263,11 @@ def _write_report(report: dict, out: Path) -> int:
     simulated = ""
     if (out / CALIBRATION_FILE).exists() and (out / "schedules").is_dir():
         hardware = Hardware.load(str(out / CALIBRATION_FILE))
+        probes_path = out / LINK_PROBES_FILE
+        probes = json.loads(probes_path.read_text()) if probes_path.exists() else None
         report["calibration"] = asdict(hardware)
-        report["simulator"] = simulated_comparison(report, out / "schedules", hardware)
+        report["link_probes"] = probes
+        report["simulator"] = simulated_comparison(report, out / "schedules", hardware, probes)
         simulated = "\n\n" + simulated_markdown(report["simulator"])
         logger.info(simulated_markdown(report["simulator"]))
     (out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")

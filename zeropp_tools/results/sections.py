@@ -241,6 +241,12 @@ def simulator_paper(results, name: str = "paper", listed_only: bool = False) -> 
             f"Shown: {shown}.\n\n" + paper.paper_markdown(report, listed_only))
 
 
+def _base_latency(calibration: dict) -> str:
+    """Calibrations before the probe after compute have none."""
+    base = calibration["base_latency_s"]
+    return f" plus {base * 1e3:.2f} ms per collective after compute" if base > 0 else ""
+
+
 def simulator_cluster(results) -> str:
     """Each fixed scheme's recorded schedule replayed on the calibrated emulated cluster."""
     report = results.load("simulator/throughput/throughput.json")
@@ -250,7 +256,12 @@ def simulator_cluster(results) -> str:
               f"communication, {calibration['intra_node_bytes_per_s'] / 1e6:,.0f} MB/s inside a node, "
               f"{calibration['adapter_bytes_per_s'] * 8 / 1e6:,.0f} Mbit/s between nodes unshaped, latency "
               f"{calibration['intra_node_step_latency_s'] * 1e3:.2f} / {calibration['inter_node_step_latency_s'] * 1e3:.2f} "
-              f"ms per step inside / across nodes, kernels {calibration['kernel_bytes_per_s'] / 1e9:.1f} GB/s.")
+              f"ms per step inside / across nodes{_base_latency(calibration)}, kernels "
+              f"{calibration['kernel_bytes_per_s'] / 1e9:.1f} GB/s.")
+    probes = report.get("link_probes")
+    if probes:
+        inputs += " Shaped links, probed the same way: " + ", ".join(
+            f"{bandwidth} Mbit/s carries {probe['adapter_bytes_per_s'] * 8 / 1e6:,.1f}" for bandwidth, probe in probes.items()) + "."
     return (f"{throughput.header(report)}{_bullet(inputs)}\n\n" + simulated_markdown(report["simulator"]))
 
 

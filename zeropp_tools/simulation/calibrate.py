@@ -1,18 +1,26 @@
 """Measure the emulated cluster as the simulator describes hardware: ``zeropp simulate-calibrate``.
 
-Run under torchrun on every node of the unshaped emulated cluster (the command starts it).
-Every rank measures at the same time, so each sees the machine as a training job shares it:
+Run under torchrun on every node of the emulated cluster (the command starts it). Every
+rank measures at the same time, so each sees the machine as a training job shares it:
 
     sustained_flops         forward + backward of the GPT, not sharded, at the benchmark's
                             batch and precision: 6 x parameters x tokens / seconds
     slowdown                the same, while a loop of world all-gathers runs beside it
     intra-node bandwidth    all-gather of 8 MB per rank inside the node
-    latency                 one-byte all-gathers inside the node and across nodes
-    adapter                 all-gather across nodes, unshaped (shaped runs set the rate)
+    step latencies          one-byte all-gathers inside the node and across nodes
+    base latency            } each rank runs one unit's forward, then waits on a world
+    adapter                 } all-gather (1 byte; 1 MB per rank), round after round
     kernels                 INT8 block quantize + dequantize (3 bytes moved per code byte)
     optimizer               AdamW over this rank's share of the parameters
 
-Rank 0 writes the hardware description, each number with how it was measured.
+The base latency and the adapter are measured the way a training step uses the link, in
+one thread: compute, then a collective that waits for every rank's compute. On four ranks
+sharing two cores a rank that reaches a collective first waits for the others' compute and
+for the scheduler, about 2.5 ms per collective in the measured steps, where idle one-byte
+probes read 0.3-0.4 ms per ring step. The base is what the loaded one-byte gather takes
+beyond the idle ring steps. With ``--link-only`` (on a shaped cluster) only the adapter is
+measured: what the shaped link carries in that pattern, which the shaper's nominal rate
+overstates. Rank 0 writes the hardware description, each number with how it was measured.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ REPEATS = 5
 # probe keeps the fastest of three: single 8 MB probes inside a node read 65 MB/s in one
 # calibration and 234-249 MB/s in the next two, minutes apart on an idle machine.
 PROBES = 3
+LOADED_ROUNDS = 16  # compute-then-gather rounds of the loaded probes; each rank keeps its median
+LINK_CHUNK = 1 << 20  # bytes per rank: about one unit's gather share of the benchmark's GPT
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # TCP over a 1500-byte MTU: 1448 payload bytes in a 1514-byte frame (with timestamps).
 TCP_PAYLOAD_SHARE = 1448 / 1514
@@ -101,6 +111,56 @@ def _alone_and_beside(step, world, side_numel: int, gather_s: float, world_size:
     return alone, _slowest(beside)
 
 
+def _mean_over_ranks(seconds: float) -> float:
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value)
+    return value.item() / dist.get_world_size()
+
+
+def _wait_after_compute(segment, group, numel: int, size: int) -> float:
+    """Seconds a rank waits in an all-gather of ``numel`` bytes per rank issued right after
+    ``segment``, round after round: each rank's median, averaged over the ranks (the first
+    to arrive waits for the others' compute, the last only for the transfer)."""
+    shard = torch.zeros(numel, dtype=torch.uint8)
+    output = torch.empty(numel * size, dtype=torch.uint8)
+    segment()
+    dist.all_gather_into_tensor(output, shard, group=group)  # warm-up: connections and buffers
+    waits = []
+    for _ in range(LOADED_ROUNDS):
+        segment()
+        started = time.perf_counter()
+        dist.all_gather_into_tensor(output, shard, group=group)
+        waits.append(time.perf_counter() - started)
+    return _mean_over_ranks(statistics.median(waits))
+
+
+def _loaded_link(segment, topology: Topology) -> tuple[float, float]:
+    """(seconds a one-byte world all-gather waits after compute, payload bytes per second
+    into a node of a ``LINK_CHUNK`` gather beyond that wait)."""
+    world = topology.group("world").handle
+    dist.barrier()
+    empty = _wait_after_compute(segment, world, 1, topology.world_size)
+    chunk = _wait_after_compute(segment, world, LINK_CHUNK, topology.world_size)
+    # A one-byte round that ran slow cannot leave the transfer under half the chunk's wait.
+    transfer = max(chunk - empty, chunk / 2)
+    return empty, ring_bytes_into_node(topology.layout, LINK_CHUNK) / transfer
+
+
+def _unit_forward(model: GPT, tokens: tuple[int, int]):
+    """One block's forward at the benchmark's batch: what runs between two forward gathers."""
+    batch, length = tokens
+    hidden = torch.randn(batch, length, model.config.embed_dim, dtype=next(model.parameters()).dtype)
+    block = model.blocks[0]
+    return lambda: block(hidden)
+
+
+def measure_link(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
+    """The adapter alone, the loaded way: for a shaped link."""
+    model = GPT(GPTConfig.preset(model_size)).to(DTYPES[precision])
+    _, adapter = _loaded_link(_unit_forward(model, tokens), topology)
+    return {"adapter_bytes_per_s": adapter}
+
+
 def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset(model_size)).to(DTYPES[precision])
@@ -126,9 +186,7 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
     world_latency = _gather_seconds(world, 1, topology.world_size)
     nodes = topology.num_nodes
     inter_latency = max(0.0, world_latency - (topology.world_size - nodes) * intra_latency) / max(1, nodes - 1)
-    inter_numel = 8 << 20
-    world_s = _gather_seconds(world, inter_numel, topology.world_size)
-    adapter = ring_bytes_into_node(topology.layout, inter_numel) / world_s
+    loaded_latency, adapter = _loaded_link(_unit_forward(model, tokens), topology)
     values = torch.randn(1 << 22)
     fmt = BlockFormat(8, 2048)
     packed = quantize(values, fmt)
@@ -143,13 +201,18 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
         "sustained_flops": flops / alone,
         "slowdown_during_communication": slowdown,
         "intra_node_bytes_per_s": (per_node - 1) * intra_numel / intra_s,
-        "base_latency_s": 0.0,
+        "base_latency_s": max(0.0, loaded_latency - world_latency),
         "intra_node_step_latency_s": intra_latency,
         "inter_node_step_latency_s": inter_latency,
         "adapter_bytes_per_s": adapter,
         "kernel_bytes_per_s": kernel_bytes_per_s,
         "optimizer_bytes_per_parameter": max(1, round(optimizer_s * kernel_bytes_per_s / share[0].numel())),
     }
+
+
+LINK_SOURCE = (f"the ring's payload bytes into a node of a {LINK_CHUNK >> 20} MB-per-rank world all-gather right after one "
+               f"unit's forward, over its wait beyond a 1-byte one's (each rank's median of {LOADED_ROUNDS} rounds, "
+               "the mean over ranks)")
 
 
 def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, source: dict) -> dict:
@@ -161,17 +224,18 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
         **measured,
         "processors": 0, "tile_m": 1, "tile_n": 1,
         "network_adapters_per_node": 1,
-        "link_efficiency": TCP_PAYLOAD_SHARE,
+        "link_efficiency": 1.0,
         "sources": {
             "sustained_flops": f"6 x parameters x tokens / forward + backward seconds (median of {REPEATS}), {where}",
             "slowdown_during_communication": f"1 - that step's time / its time beside a loop of 4 MB world all-gathers, median of {PROBES} pairs, {where}",
             "intra_node_bytes_per_s": f"an 8 MB-per-rank all-gather inside the node, fastest of {PROBES}, {where}",
-            "base_latency_s": "folded into the step latencies",
+            "base_latency_s": f"what a 1-byte world all-gather right after one unit's forward waits (each rank's median of "
+                              f"{LOADED_ROUNDS} rounds, the mean over ranks) beyond the idle ring steps, {where}",
             "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps, {where}",
             "inter_node_step_latency_s": f"a 1-byte world all-gather less its intra-node steps, {where}",
-            "adapter_bytes_per_s": f"an 8 MB-per-rank world all-gather on the unshaped link, fastest of {PROBES}, the ring's bytes into a node, {where}; "
-                                   "a shaped run replaces it with the shaper's rate",
-            "link_efficiency": "TCP payload share of a 1500-byte MTU frame: 1448 / 1514 (the shaper counts frames)",
+            "adapter_bytes_per_s": f"{LINK_SOURCE} on the unshaped link, {where}; a shaped run replaces it with the same "
+                                   "probe on the shaped link",
+            "link_efficiency": "1: the adapter is measured as payload bytes",
             "kernel_bytes_per_s": f"INT8 block quantize + dequantize of 4M values, 3 bytes per code byte, {where}",
             "optimizer_bytes_per_parameter": f"AdamW over 1/W of the parameters, as bytes at the kernel rate, {where}",
             "processors": "a CPU core has no waves to fill",
@@ -191,14 +255,21 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--precision", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--out", required=True)
+    parser.add_argument("--link-only", action="store_true",
+                        help="measure the adapter alone (on a shaped cluster): writes {adapter_bytes_per_s, source}")
     arguments = parser.parse_args()
     torch.set_num_threads(1)
     init_from_torchrun()
     topology = Topology.from_environment()
     source = provenance()
-    measured = measure(arguments.model, (arguments.batch_per_rank, arguments.seq_len), arguments.precision, topology)
+    tokens = (arguments.batch_per_rank, arguments.seq_len)
+    if arguments.link_only:
+        description = {**measure_link(arguments.model, tokens, arguments.precision, topology),
+                       "source": f"{LINK_SOURCE}, at {source['git_commit']}"}
+    else:
+        description = describe(measure(arguments.model, tokens, arguments.precision, topology), arguments, topology,
+                               source)
     if topology.rank == 0:
-        description = describe(measured, arguments, topology, source)
         Path(arguments.out).write_text(json.dumps(description, indent=2) + "\n")
     finish_distributed()
     exit_without_finalization(0)

@@ -1,10 +1,11 @@
 """The simulator against the emulated cluster's measurements.
 
 ``zeropp bench throughput`` records each fixed scheme's schedule (rank 0's last step) and,
-before its runs, calibrates the cluster (:mod:`zeropp_tools.simulation.calibrate`). Each
-scheme's schedule is then replayed at every link the benchmark measured: the unshaped link
-at the rate the calibration measured, a shaped one at the shaper's rate. Nothing is
-calibrated per scheme or per link.
+before its runs, calibrates the cluster (:mod:`zeropp_tools.simulation.calibrate`) and
+probes each shaped link with the same adapter probe. Each scheme's schedule is then
+replayed at every link the benchmark measured, at the rate the probe measured there (the
+shaper's nominal rate less TCP's headers where no probe was kept). Nothing is calibrated
+per scheme, and no probe is fitted to the runs.
 """
 
 from __future__ import annotations
@@ -17,32 +18,59 @@ from zeropp.simulate.schedule import Schedule
 from zeropp.simulate.simulator import simulate
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.cluster.runner import run_on_cluster
+from zeropp_tools.simulation.calibrate import TCP_PAYLOAD_SHARE
 
 CALIBRATION = ["-m", "zeropp_tools.simulation.calibrate"]
+LINK_PROBES_FILE = "link-probes.json"  # {bandwidth: {adapter_bytes_per_s, source}} of each shaped link
 
 
 def calibrate_on_cluster(nodes: int, ranks_per_node: int, train_arguments: list[str], out: Path) -> Hardware:
     """Measure the unshaped emulated cluster with the benchmark's model, batch and
     precision; the description is written to ``out``."""
-    options = dict(zip(train_arguments[::2], train_arguments[1::2]))
-    arguments = ["--out", str(out.resolve())]
-    for flag in ("--model", "--batch-per-rank", "--seq-len", "--precision"):
-        if flag in options:
-            arguments += [flag, options[flag]]
-    result = run_on_cluster(ClusterSpec(nodes, ranks_per_node, None), arguments, timeout_s=900, program=CALIBRATION)
-    if result["exit_codes"] != [0] * nodes:
-        raise RuntimeError(f"calibration failed; logs in {result['logs']}")
+    _run_calibration(ClusterSpec(nodes, ranks_per_node, None), train_arguments, out, [])
     return Hardware.load(str(out))
 
 
-def link_hardware(hardware: Hardware, bandwidth: str) -> Hardware:
-    """The calibrated cluster with its link shaped to ``bandwidth`` Mbit/s ("none": as measured)."""
+def probe_shaped_links(nodes: int, ranks_per_node: int, train_arguments: list[str], bandwidths: list[str],
+                       out: Path) -> dict:
+    """The calibration's link probe on each shaped link of ``bandwidths`` (Mbit/s; "none"
+    is the calibration's own); written to ``out`` and returned."""
+    probes = {}
+    for bandwidth in bandwidths:
+        if bandwidth in ("none", "unshaped"):
+            continue
+        path = out.with_name(f"link-{bandwidth}.json")
+        _run_calibration(ClusterSpec(nodes, ranks_per_node, float(bandwidth)), train_arguments, path, ["--link-only"])
+        probes[bandwidth] = json.loads(path.read_text())
+        path.unlink()
+    out.write_text(json.dumps(probes, indent=2) + "\n")
+    return probes
+
+
+def _run_calibration(spec: ClusterSpec, train_arguments: list[str], out: Path, extra: list[str]) -> None:
+    options = dict(zip(train_arguments[::2], train_arguments[1::2]))
+    arguments = ["--out", str(out.resolve()), *extra]
+    for flag in ("--model", "--batch-per-rank", "--seq-len", "--precision"):
+        if flag in options:
+            arguments += [flag, options[flag]]
+    result = run_on_cluster(spec, arguments, timeout_s=900, program=CALIBRATION)
+    if result["exit_codes"] != [0] * spec.num_nodes:
+        raise RuntimeError(f"calibration failed; logs in {result['logs']}")
+
+
+def link_hardware(hardware: Hardware, bandwidth: str, probes: dict | None = None) -> Hardware:
+    """The calibrated cluster with its link shaped to ``bandwidth`` Mbit/s ("none": as
+    measured): at the rate ``probes`` measured there, else at the shaper's rate less TCP's
+    headers (the shaper counts whole frames)."""
     if bandwidth in ("none", "unshaped"):
         return hardware
-    return hardware.with_adapters(1, float(bandwidth) * 1e6 / 8)
+    if probes and bandwidth in probes:
+        return hardware.with_adapters(1, probes[bandwidth]["adapter_bytes_per_s"])
+    payload_bytes_per_s = float(bandwidth) * 1e6 / 8 * TCP_PAYLOAD_SHARE
+    return hardware.with_adapters(1, payload_bytes_per_s / hardware.link_efficiency)  # the description applies its own
 
 
-def simulated_comparison(report: dict, schedules: Path, hardware: Hardware) -> list[dict]:
+def simulated_comparison(report: dict, schedules: Path, hardware: Hardware, probes: dict | None = None) -> list[dict]:
     """Predicted against measured tokens/s for every scheme with a schedule and a result."""
     rows = []
     for path in sorted(schedules.glob("*.json")):
@@ -53,7 +81,7 @@ def simulated_comparison(report: dict, schedules: Path, hardware: Hardware) -> l
             measured = results.get(variant, {}).get("tokens_per_s")
             if measured is None:
                 continue
-            step = simulate(schedule, link_hardware(hardware, bandwidth))
+            step = simulate(schedule, link_hardware(hardware, bandwidth, probes))
             predicted = tokens_per_step / step.step_s
             rows.append({"bandwidth": bandwidth, "variant": variant, "measured_tokens_per_s": measured,
                          "predicted_tokens_per_s": predicted, "bottleneck": step.bottleneck,
