@@ -169,3 +169,21 @@ def test_the_readme_throughput_line_comes_from_the_full_matrix_and_states_auto_m
     table = throughput_auto(StoredResults(tmp_path))
     assert "| unshaped | 1,900 | zero++ | zero3 | 2,000 | 0.95x |" in table
     assert "| 50 Mbit/s | 450 | zero++ | zero++ | 500 | 0.90x |" in table
+
+
+def test_a_run_killed_midway_is_resumed_with_what_its_benchmark_had_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "provenance", lambda: {"git_commit": COMMIT, "clean_tree": True})
+
+    def killed(run, *rest, **options):
+        raise KeyboardInterrupt  # the sitting ends while the benchmark runs
+
+    monkeypatch.setattr(runner, "_execute", killed)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_tier("full", tmp_path, only=["throughput"])
+    resumed = []
+    monkeypatch.setattr(runner, "_execute", lambda run, *rest, resume: resumed.append(resume) or
+                        {"command": [], "exit_code": 0, "minutes": 1.0})
+    assert runner.run_tier("full", tmp_path, resume=True, only=["throughput"]) == 0
+    assert resumed == [True]  # the benchmark is told to keep its runs, not to start over
+    manifest = json.loads((tmp_path / RESULTS_FOLDER / "full" / runner.MANIFEST).read_text())
+    assert manifest["runs"]["throughput"]["exit_code"] == 0

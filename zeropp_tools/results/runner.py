@@ -3,7 +3,8 @@
 The tree must be clean outside ``benchmarks/results/`` (``--allow-dirty`` runs anyway and
 marks every file as not citable). ``manifest.json`` in the tier's folder records the
 commit, the machine and each run's command, exit code and minutes; ``--resume`` skips the
-runs it lists as done and refuses to mix a second commit into the tier. Without
+runs it lists as done, resumes a run it lists as started or failed (a resumable
+benchmark keeps what it had measured) and refuses to mix a second commit into the tier. Without
 ``--resume`` the runs named by ``--runs`` start over, and the records of the tier's other
 runs stay when the manifest is at the same commit. A failed run is recorded and the next
 one starts: nothing measured is lost to one failure.
@@ -51,6 +52,10 @@ def run_tier(tier: str, repository: Path, allow_dirty: bool = False, resume: boo
             continue
         logger.info("[%d/%d] %s: about %.0f min, started %s", index, len(runs), run.name,
                     run.estimated_minutes, time.strftime("%H:%M"))
+        # Recorded as started first: a run killed midway (a sitting's end) leaves this record,
+        # and --resume then passes --resume on, so its benchmark keeps what it had measured.
+        manifest["runs"][run.name] = {**record, "exit_code": None, "started": time.strftime("%Y-%m-%d %H:%M")}
+        _write(folder, manifest)
         manifest["runs"][run.name] = _execute(run, folder, repository, resume=bool(record))
         _write(folder, manifest)
         logger.info("[%d/%d] %s: exit code %d after %.1f min", index, len(runs), run.name,
@@ -91,7 +96,7 @@ def _start_manifest(folder: Path, tier: str, source: dict, resume: bool, restart
 def _execute(run: Run, folder: Path, repository: Path, resume: bool) -> dict:
     command = [sys.executable, "-m", "zeropp_tools.cli.main", *run.command(str(folder.relative_to(repository)), resume)]
     started = time.monotonic()
-    with open(folder / f"{run.name}.log", "w") as log:
+    with open(folder / f"{run.name}.log", "a" if resume else "w") as log:
         exit_code = subprocess.run(command, cwd=repository, stdout=log, stderr=subprocess.STDOUT).returncode
     return {"command": ["zeropp", *command[3:]], "exit_code": exit_code,
             "minutes": round((time.monotonic() - started) / 60, 1)}
