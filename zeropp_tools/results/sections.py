@@ -260,8 +260,9 @@ def simulator_cluster(results) -> str:
               f"{calibration['kernel_bytes_per_s'] / 1e9:.1f} GB/s.")
     probes = report.get("link_probes")
     if probes:
-        inputs += " Shaped links, probed the same way: " + ", ".join(
-            f"{bandwidth} Mbit/s carries {probe['adapter_bytes_per_s'] * 8 / 1e6:,.1f}" for bandwidth, probe in probes.items()) + "."
+        carried = [f"{bandwidth} Mbit/s carries {probe['adapter_bytes_per_s'] * 8 / 1e6:,.0f} Mbit/s of payload"
+                   for bandwidth, probe in probes.items()]
+        inputs += " Shaped links, probed the same way: " + ", ".join(carried) + "."
     return (f"{throughput.header(report)}{_bullet(inputs)}\n\n" + simulated_markdown(report["simulator"]))
 
 
