@@ -254,3 +254,31 @@ def test_the_loaded_probe_waits_for_the_slowest_ranks_compute():
         # Ranks 1-3 wait out rank 0's 50 ms of compute before each gather: 3/4 of it on average.
         assert 0.03 <= empty < 0.5
         assert 0 < adapter < float("inf")
+
+
+def _calibrate_tiny(rank, world_size):
+    from zeropp import Topology
+    from zeropp_tools.simulation import calibrate
+
+    # Fewer and smaller probes than a calibration takes: this rank's copy of the module only.
+    calibrate.PROBES, calibrate.REPEATS, calibrate.LOADED_ROUNDS, calibrate.LINK_CHUNK = 1, 2, 2, 64 << 10
+    return calibrate.measure("tiny", (2, 16), "fp32", Topology.from_environment(ranks_per_node=2))
+
+
+def test_the_calibration_measures_every_number_a_description_needs(tmp_path):
+    import argparse
+    import json
+
+    from zeropp.launch import spawn_ranks
+    from zeropp_tools.simulation.calibrate import describe
+
+    measured = spawn_ranks(_calibrate_tiny, 4)[0]
+    assert all(value >= 0 for value in measured.values())
+    assert measured["sustained_flops"] > 0 and measured["adapter_bytes_per_s"] > 0
+    source = {"git_commit": "0" * 40, "machine": {"cpu_model": "test"}}
+    arguments = argparse.Namespace(model="tiny", batch_per_rank=2, seq_len=16, precision="fp32")
+    path = tmp_path / "cluster.json"
+    layout = argparse.Namespace(num_nodes=2, ranks_per_node=2)  # what describe reads of the topology
+    path.write_text(json.dumps(describe(measured, arguments, layout, source)))
+    hardware = Hardware.load(str(path))
+    assert hardware.base_latency_s == measured["base_latency_s"] and set(hardware.sources) >= set(measured)

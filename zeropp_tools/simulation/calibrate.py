@@ -16,8 +16,8 @@ rank measures at the same time, so each sees the machine as a training job share
 The base latency and the adapter are measured the way a training step uses the link, in
 one thread: compute, then a collective that waits for every rank's compute. On four ranks
 sharing two cores a rank that reaches a collective first waits for the others' compute and
-for the scheduler, about 2.5 ms per collective in the measured steps, where idle one-byte
-probes read 0.3-0.4 ms per ring step. The base is what the loaded one-byte gather takes
+for the scheduler: 8-10 ms per collective on an AMD EPYC of 2 cores, where idle one-byte
+probes read 0.5-1 ms per ring step. The base is what the loaded one-byte gather takes
 beyond the idle ring steps. With ``--link-only`` (on a shaped cluster) only the adapter is
 measured: what the shaped link carries in that pattern, which the shaper's nominal rate
 overstates. Rank 0 writes the hardware description, each number with how it was measured.
@@ -154,39 +154,55 @@ def _unit_forward(model: GPT, tokens: tuple[int, int]):
     return lambda: block(hidden)
 
 
+def _model(model_size: str, precision: str) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.preset(model_size)).to(DTYPES[precision])
+
+
 def measure_link(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
     """The adapter alone, the loaded way: for a shaped link."""
-    model = GPT(GPTConfig.preset(model_size)).to(DTYPES[precision])
-    _, adapter = _loaded_link(_unit_forward(model, tokens), topology)
+    _, adapter = _loaded_link(_unit_forward(_model(model_size, precision), tokens), topology)
     return {"adapter_bytes_per_s": adapter}
 
 
-def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig.preset(model_size)).to(DTYPES[precision])
+def _compute(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
+    """The GPT's forward + backward on every rank at once, alone and beside world all-gathers."""
     batch, length = tokens
     inputs = torch.randint(0, model.config.vocab_size, (batch, length + 1))
 
     def step() -> None:
         model(inputs[:, :-1], inputs[:, 1:]).float().backward()
 
-    parameters = sum(parameter.numel() for parameter in model.parameters())
-    flops = 6 * parameters * batch * length
     world = topology.group("world").handle
     side_numel = 4 << 20
     gather_s = _gather_seconds(world, side_numel, topology.world_size)
     pairs = [_alone_and_beside(step, world, side_numel, gather_s, topology.world_size) for _ in range(PROBES)]
     alone = statistics.median(alone for alone, _ in pairs)
-    slowdown = statistics.median(max(0.0, 1 - alone / beside) for alone, beside in pairs)
+    return {"sustained_flops": 6 * model.num_parameters() * batch * length / alone,
+            "slowdown_during_communication": statistics.median(max(0.0, 1 - alone / beside) for alone, beside in pairs)}
+
+
+def _links(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
+    """The intra-node rate and the ring steps' latencies on idle links, then the base
+    latency and the adapter after compute."""
     dist.barrier()
-    per_node = topology.ranks_per_node
+    per_node, nodes = topology.ranks_per_node, topology.num_nodes
+    intra_node = topology.group("intra_node").handle
     intra_numel = 8 << 20
-    intra_s = _gather_seconds(topology.group("intra_node").handle, intra_numel, per_node)
-    intra_latency = _gather_seconds(topology.group("intra_node").handle, 1, per_node) / max(1, per_node - 1)
-    world_latency = _gather_seconds(world, 1, topology.world_size)
-    nodes = topology.num_nodes
+    intra_s = _gather_seconds(intra_node, intra_numel, per_node)
+    intra_latency = _gather_seconds(intra_node, 1, per_node) / max(1, per_node - 1)
+    world_latency = _gather_seconds(topology.group("world").handle, 1, topology.world_size)
     inter_latency = max(0.0, world_latency - (topology.world_size - nodes) * intra_latency) / max(1, nodes - 1)
     loaded_latency, adapter = _loaded_link(_unit_forward(model, tokens), topology)
+    return {"intra_node_bytes_per_s": (per_node - 1) * intra_numel / intra_s,
+            "base_latency_s": max(0.0, loaded_latency - world_latency),
+            "intra_node_step_latency_s": intra_latency,
+            "inter_node_step_latency_s": inter_latency,
+            "adapter_bytes_per_s": adapter}
+
+
+def _kernels(parameters: int, topology: Topology) -> dict:
+    """INT8 quantize + dequantize, and AdamW over this rank's share, as bytes per second."""
     values = torch.randn(1 << 22)
     fmt = BlockFormat(8, 2048)
     packed = quantize(values, fmt)
@@ -197,17 +213,15 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
     share[0].grad = torch.zeros_like(share[0])
     optimizer = torch.optim.AdamW(share, lr=1e-4)
     optimizer_s = _slowest(_median_seconds(optimizer.step))
-    return {
-        "sustained_flops": flops / alone,
-        "slowdown_during_communication": slowdown,
-        "intra_node_bytes_per_s": (per_node - 1) * intra_numel / intra_s,
-        "base_latency_s": max(0.0, loaded_latency - world_latency),
-        "intra_node_step_latency_s": intra_latency,
-        "inter_node_step_latency_s": inter_latency,
-        "adapter_bytes_per_s": adapter,
-        "kernel_bytes_per_s": kernel_bytes_per_s,
-        "optimizer_bytes_per_parameter": max(1, round(optimizer_s * kernel_bytes_per_s / share[0].numel())),
-    }
+    return {"kernel_bytes_per_s": kernel_bytes_per_s,
+            "optimizer_bytes_per_parameter": max(1, round(optimizer_s * kernel_bytes_per_s / share[0].numel()))}
+
+
+def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
+    """Every number of the hardware description but the constants ``describe`` adds."""
+    model = _model(model_size, precision)
+    return {**_compute(model, tokens, topology), **_links(model, tokens, topology),
+            **_kernels(model.num_parameters(), topology)}
 
 
 LINK_SOURCE = (f"the ring's payload bytes into a node of a {LINK_CHUNK >> 20} MB-per-rank world all-gather right after one "
