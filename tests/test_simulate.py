@@ -225,8 +225,7 @@ def test_the_adapter_probe_counts_the_rings_bytes_into_a_node():
 
 
 def test_a_probed_link_replaces_the_shapers_rate_and_an_unprobed_one_loses_tcps_headers():
-    from zeropp_tools.simulation.calibrate import TCP_PAYLOAD_SHARE
-    from zeropp_tools.simulation.compare import link_hardware
+    from zeropp_tools.simulation.compare import TCP_PAYLOAD_SHARE, link_hardware
 
     probes = {"50": {"adapter_bytes_per_s": 5e6, "source": "test"}}
     assert link_hardware(ROUND, "none", probes) is ROUND
@@ -234,6 +233,8 @@ def test_a_probed_link_replaces_the_shapers_rate_and_an_unprobed_one_loses_tcps_
     assert link_hardware(ROUND, "200", probes).inter_node_bytes_per_s == pytest.approx(25e6 * TCP_PAYLOAD_SHARE)
     older = replace(ROUND, link_efficiency=TCP_PAYLOAD_SHARE)  # descriptions that apply TCP's share themselves
     assert link_hardware(older, "200").inter_node_bytes_per_s == pytest.approx(25e6 * TCP_PAYLOAD_SHARE)
+    with pytest.raises(ValueError, match="--bandwidths: '1g' is not a link; allowed values: a positive Mbit/s"):
+        link_hardware(ROUND, "1g")
 
 
 def _loaded_probe(rank, world_size):

@@ -30,16 +30,12 @@ from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.plan import compare, comparison_markdown
 from zeropp_tools.schemes import QUALITY_SETTINGS
 from zeropp_tools.simulation.compare import (LINK_PROBES_FILE, calibrate_on_cluster, probe_shaped_links,
-                                             simulated_comparison, simulated_markdown)
+                                             shaped_mbit, simulated_comparison, simulated_markdown)
 
 logger = logging.getLogger(__name__)
 
 CALIBRATION_FILE = "cluster-calibration.json"  # the cluster measured as the simulator describes hardware
 AUTO_CANDIDATES = frozenset(candidates(ranks_per_node=2))  # every scheme auto mode may choose
-
-
-def _bandwidth(text: str) -> float | None:
-    return None if text in ("none", "unshaped") else float(text)
 
 
 def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[str], train_arguments: list[str],
@@ -59,7 +55,7 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
         for text, variant in cells[shift:] + cells[:shift]:
             if len(report["runs"][text][variant]) > repetition:
                 continue
-            spec = ClusterSpec(nodes, ranks_per_node, _bandwidth(text))
+            spec = ClusterSpec(nodes, ranks_per_node, shaped_mbit(text))
             try:
                 measured = (measure_peer if variant in PEERS else measure)(spec, variant, train_arguments)
             except RuntimeError as error:
@@ -130,7 +126,7 @@ def markdown(report: dict) -> str:
             spread = f" [{runs[0]:,.0f}-{runs[-1]:,.0f}]" if len(runs) > 1 else ""
             chosen = f", ran {r['auto_decisions'][-1]['choice']}" if r.get("auto_decisions") else ""
             cells.append(f"{r['tokens_per_s']:,.0f}{spread}{speedup}{exposed}{chosen}")
-        label = "unshaped" if _bandwidth(bandwidth) is None else bandwidth
+        label = "unshaped" if shaped_mbit(bandwidth) is None else bandwidth
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -184,7 +180,7 @@ def ratios(results: dict) -> dict:
 def ratios_markdown(table: dict) -> str:
     lines = []
     for bandwidth, entry in table.items():
-        label = "unshaped" if _bandwidth(bandwidth) is None else f"{bandwidth} Mbit/s"
+        label = "unshaped" if shaped_mbit(bandwidth) is None else f"{bandwidth} Mbit/s"
         cells = ", ".join(f"{name} {value:.2f}x" if isinstance(value, float) else f"{name} {value}"
                           for name, value in entry.items())
         lines.append(f"- {label}: {cells}")
@@ -199,7 +195,7 @@ def plot(report: dict, path: Path) -> None:
 
     bandwidths = list(report["results"])
     variants = list(report["results"][bandwidths[0]])
-    labels = ["unshaped" if _bandwidth(b) is None else b for b in bandwidths]
+    labels = ["unshaped" if shaped_mbit(b) is None else b for b in bandwidths]
     figure, axis = plt.subplots(figsize=(9, 4.5))
     for variant in variants:
         cells = [(label, report["results"][b][variant]) for b, label in zip(bandwidths, labels)]
@@ -220,7 +216,10 @@ def plot(report: dict, path: Path) -> None:
 
 def main(args) -> int:
     out = Path(args.out)
-    if args.report_only or args.resume:  # a benchmark that stopped early: its JSON holds every finished run
+    has_report = (out / "throughput.json").exists()
+    if args.resume and not has_report:  # stopped before its first run (calibrating): nothing to keep
+        logger.info("--resume: no report in %s yet, starting afresh", out)
+    elif args.report_only or args.resume:  # a benchmark that stopped early: its JSON holds every finished run
         report = json.loads((out / "throughput.json").read_text())
         if args.resume:
             return _resume(report, out)
@@ -230,13 +229,15 @@ def main(args) -> int:
     logger.info("precision %s (%s)", precision, why)
     train_arguments = ["--model", args.model, "--steps", str(args.steps), "--batch-per-rank", str(args.batch_per_rank),
                        "--seq-len", str(args.seq_len), "--precision", precision]
+    bandwidths = args.bandwidths.split(",")
+    for bandwidth in bandwidths:
+        shaped_mbit(bandwidth)  # a bad entry is an error now, not after the calibration
     variants = args.variants.split(",")
     unknown = [v for v in variants if not is_variant(v) and v not in PEERS]
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}, "
                          f"a variant of zeropp also with any of {list(SUFFIXES)} appended")
     out.mkdir(parents=True, exist_ok=True)
-    bandwidths = args.bandwidths.split(",")
     calibrate_on_cluster(args.nodes, args.ranks_per_node, train_arguments, out / CALIBRATION_FILE)
     probe_shaped_links(args.nodes, args.ranks_per_node, train_arguments, bandwidths, out / LINK_PROBES_FILE)
     report = run(args.nodes, args.ranks_per_node, bandwidths, variants, train_arguments, out,

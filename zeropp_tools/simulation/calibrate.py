@@ -49,14 +49,12 @@ PROBES = 3
 LOADED_ROUNDS = 16  # compute-then-gather rounds of the loaded probes; each rank keeps its median
 LINK_CHUNK = 1 << 20  # bytes per rank: about one unit's gather share of the benchmark's GPT
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# TCP over a 1500-byte MTU: 1448 payload bytes in a 1514-byte frame (with timestamps).
-TCP_PAYLOAD_SHARE = 1448 / 1514
 
 
-def _median_seconds(work, repeats: int = REPEATS) -> float:
+def _median_seconds(work) -> float:
     work()  # warm-up: allocation and caches
     times = []
-    for _ in range(repeats):
+    for _ in range(REPEATS):
         started = time.perf_counter()
         work()
         times.append(time.perf_counter() - started)
@@ -224,9 +222,10 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
             **_kernels(model.num_parameters(), topology)}
 
 
-LINK_SOURCE = (f"the ring's payload bytes into a node of a {LINK_CHUNK >> 20} MB-per-rank world all-gather right after one "
-               f"unit's forward, over its wait beyond a 1-byte one's (each rank's median of {LOADED_ROUNDS} rounds, "
-               "the mean over ranks)")
+def link_source() -> str:
+    return (f"the ring's payload bytes into a node of a {LINK_CHUNK / 2**20:g} MB-per-rank world all-gather right "
+            f"after one unit's forward, over its wait beyond a 1-byte one's (each rank's median of {LOADED_ROUNDS} "
+            "rounds, the mean over ranks)")
 
 
 def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, source: dict) -> dict:
@@ -247,7 +246,7 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
                               f"{LOADED_ROUNDS} rounds, the mean over ranks) beyond the idle ring steps, {where}",
             "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps, {where}",
             "inter_node_step_latency_s": f"a 1-byte world all-gather less its intra-node steps, {where}",
-            "adapter_bytes_per_s": f"{LINK_SOURCE} on the unshaped link, {where}; a shaped run replaces it with the same "
+            "adapter_bytes_per_s": f"{link_source()} on the unshaped link, {where}; a shaped run replaces it with the same "
                                    "probe on the shaped link",
             "link_efficiency": "1: the adapter is measured as payload bytes",
             "kernel_bytes_per_s": f"INT8 block quantize + dequantize of 4M values, 3 bytes per code byte, {where}",
@@ -279,7 +278,7 @@ def main() -> int:
     tokens = (arguments.batch_per_rank, arguments.seq_len)
     if arguments.link_only:
         description = {**measure_link(arguments.model, tokens, arguments.precision, topology),
-                       "source": f"{LINK_SOURCE}, at {source['git_commit']}"}
+                       "source": f"{link_source()}, at {source['git_commit']}"}
     else:
         description = describe(measure(arguments.model, tokens, arguments.precision, topology), arguments, topology,
                                source)

@@ -18,10 +18,26 @@ from zeropp.simulate.schedule import Schedule
 from zeropp.simulate.simulator import simulate
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.cluster.runner import run_on_cluster
-from zeropp_tools.simulation.calibrate import TCP_PAYLOAD_SHARE
 
 CALIBRATION = ["-m", "zeropp_tools.simulation.calibrate"]
+# TCP over a 1500-byte MTU: 1448 payload bytes in a 1514-byte frame (with timestamps).
+TCP_PAYLOAD_SHARE = 1448 / 1514
+UNSHAPED = ("none", "unshaped")
 LINK_PROBES_FILE = "link-probes.json"  # {bandwidth: {adapter_bytes_per_s, source}} of each shaped link
+
+
+def shaped_mbit(bandwidth: str) -> float | None:
+    """A ``--bandwidths`` entry as the shaper's Mbit/s; None for an unshaped link."""
+    if bandwidth in UNSHAPED:
+        return None
+    try:
+        mbit = float(bandwidth)
+    except ValueError:
+        mbit = 0.0
+    if mbit <= 0:
+        raise ValueError(f"--bandwidths: {bandwidth!r} is not a link; allowed values: a positive Mbit/s "
+                         f"(e.g. 200) or one of {list(UNSHAPED)}")
+    return mbit
 
 
 def calibrate_on_cluster(nodes: int, ranks_per_node: int, train_arguments: list[str], out: Path) -> Hardware:
@@ -37,10 +53,11 @@ def probe_shaped_links(nodes: int, ranks_per_node: int, train_arguments: list[st
     is the calibration's own); written to ``out`` and returned."""
     probes = {}
     for bandwidth in bandwidths:
-        if bandwidth in ("none", "unshaped"):
+        mbit = shaped_mbit(bandwidth)
+        if mbit is None:
             continue
         path = out.with_name(f"link-{bandwidth}.json")
-        _run_calibration(ClusterSpec(nodes, ranks_per_node, float(bandwidth)), train_arguments, path, ["--link-only"])
+        _run_calibration(ClusterSpec(nodes, ranks_per_node, mbit), train_arguments, path, ["--link-only"])
         probes[bandwidth] = json.loads(path.read_text())
         path.unlink()
     out.write_text(json.dumps(probes, indent=2) + "\n")
@@ -62,11 +79,12 @@ def link_hardware(hardware: Hardware, bandwidth: str, probes: dict | None = None
     """The calibrated cluster with its link shaped to ``bandwidth`` Mbit/s ("none": as
     measured): at the rate ``probes`` measured there, else at the shaper's rate less TCP's
     headers (the shaper counts whole frames)."""
-    if bandwidth in ("none", "unshaped"):
+    mbit = shaped_mbit(bandwidth)
+    if mbit is None:
         return hardware
     if probes and bandwidth in probes:
         return hardware.with_adapters(1, probes[bandwidth]["adapter_bytes_per_s"])
-    payload_bytes_per_s = float(bandwidth) * 1e6 / 8 * TCP_PAYLOAD_SHARE
+    payload_bytes_per_s = mbit * 1e6 / 8 * TCP_PAYLOAD_SHARE
     return hardware.with_adapters(1, payload_bytes_per_s / hardware.link_efficiency)  # the description applies its own
 
 
