@@ -16,8 +16,8 @@ rank measures at the same time, so each sees the machine as a training job share
 The base latency and the adapter are measured the way a training step uses the link, in
 one thread: compute, then a collective that waits for every rank's compute. On four ranks
 sharing two cores a rank that reaches a collective first waits for the others' compute and
-for the scheduler: 8-10 ms per collective on an AMD EPYC of 2 cores, where idle one-byte
-probes read 0.5-1 ms per ring step. The base is what the loaded one-byte gather takes
+for the scheduler: 8-10 ms per collective beyond the idle gather's time on an AMD EPYC of
+2 cores, where idle one-byte probes read 0.5-1 ms per ring step. The base is what the loaded one-byte gather takes
 beyond the idle ring steps. With ``--link-only`` (on a shaped cluster) only the adapter is
 measured: what the shaped link carries in that pattern, which the shaper's nominal rate
 overstates. Rank 0 writes the hardware description, each number with how it was measured.
