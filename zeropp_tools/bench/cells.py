@@ -128,6 +128,14 @@ PEERS = {
 }
 
 
+def check_peers_can_run(variants: list[str]) -> None:
+    """A clear error before a benchmark starts, not a failed run per DeepSpeed cell."""
+    missing = [variant for variant in variants if variant.startswith("deepspeed") and variant in PEERS]
+    if missing and not DEEPSPEED_PYTHON.exists():
+        raise ValueError(f"--variants {','.join(missing)} need DeepSpeed's separate environment "
+                         f"({DEEPSPEED_PYTHON.parents[1]}): run `make deepspeed-setup` first")
+
+
 def measure_peer(spec: ClusterSpec, variant: str, train_arguments: list[str]) -> dict:
     """FSDP2 or DeepSpeed on the same cluster and work (no accounting: link counters only).
     DeepSpeed runs from its own environment (``make deepspeed-setup``)."""

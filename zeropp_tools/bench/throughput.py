@@ -24,7 +24,8 @@ from pathlib import Path
 
 from zeropp.auto import candidates
 from zeropp.simulate.hardware import Hardware
-from zeropp_tools.bench.cells import PEERS, SUFFIXES, VARIANTS, base_variant, is_variant, measure, measure_peer
+from zeropp_tools.bench.cells import (PEERS, SUFFIXES, VARIANTS, base_variant, check_peers_can_run, is_variant, measure,
+                                      measure_peer)
 from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec
 from zeropp_tools.plan import compare, comparison_markdown
@@ -43,7 +44,7 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
     """Measures every (bandwidth, variant) ``repetitions`` times in rotated order; the JSON
     (``known`` and the runs so far) is rewritten after each run, and a failed run is
     recorded with its logs instead of ending the benchmark. Runs already in ``known``
-    (a stopped benchmark's) are not measured again."""
+    (a stopped benchmark's) are not measured again; failed ones are."""
     report = {"layout": f"{nodes}x{ranks_per_node}", "train_arguments": train_arguments, "repetitions": repetitions,
               "provenance": provenance(), "runs": {text: {variant: [] for variant in variants} for text in bandwidths},
               **(known or {})}
@@ -53,8 +54,8 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
     for repetition in range(repetitions):
         shift = repetition * len(cells) // repetitions
         for text, variant in cells[shift:] + cells[:shift]:
-            if len(report["runs"][text][variant]) > repetition:
-                continue
+            if sum("error" not in measured for measured in report["runs"][text][variant]) > repetition:
+                continue  # measured already; a failed run is kept with its error and measured again
             spec = ClusterSpec(nodes, ranks_per_node, shaped_mbit(text))
             try:
                 measured = (measure_peer if variant in PEERS else measure)(spec, variant, train_arguments)
@@ -237,6 +238,7 @@ def main(args) -> int:
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; allowed values: {[*VARIANTS, *PEERS]}, "
                          f"a variant of zeropp also with any of {list(SUFFIXES)} appended")
+    check_peers_can_run(variants)
     out.mkdir(parents=True, exist_ok=True)
     calibrate_on_cluster(args.nodes, args.ranks_per_node, train_arguments, out / CALIBRATION_FILE)
     probe_shaped_links(args.nodes, args.ranks_per_node, train_arguments, bandwidths, out / LINK_PROBES_FILE)
@@ -251,6 +253,7 @@ def _resume(report: dict, out: Path) -> int:
     nodes, ranks_per_node = (int(text) for text in report["layout"].split("x"))
     bandwidths = list(report["runs"])
     variants = list(report["runs"][bandwidths[0]])
+    check_peers_can_run(variants)
     logger.info("resuming %s: %s at %s Mbit/s, %s", out, ",".join(variants), ",".join(bandwidths),
                 " ".join(report["train_arguments"]))
     report = run(nodes, ranks_per_node, bandwidths, variants, report["train_arguments"], out, report["repetitions"],
