@@ -22,7 +22,7 @@ from pathlib import Path
 
 from zeropp_tools.bench.cells import PEERS, is_variant, measure, measure_peer
 from zeropp_tools.bench.provenance import chosen_precision, provenance
-from zeropp_tools.cluster import ClusterSpec
+from zeropp_tools.cluster import ClusterSpec, shaped_mbit
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +30,6 @@ NODE_ACCUMULATION = "zero++"
 EVERY_MICRO_STEP = "zero++-every-micro-step"
 LIMIT = "zero3"  # on the unshaped link
 UNSHAPED = "none"
-
-
-def _bandwidth(text: str) -> float | None:
-    return None if text == UNSHAPED else float(text)
 
 
 def _cells(bandwidths: list[str], accumulations: list[int], variants: list[str]) -> list[tuple[str, int, str]]:
@@ -64,7 +60,7 @@ def run(report: dict, out: Path) -> dict:
             measured_so_far = runs.setdefault(_key(bandwidth, k, variant), [])
             if len(measured_so_far) > repetition:
                 continue
-            spec = ClusterSpec(nodes, ranks_per_node, _bandwidth(bandwidth))
+            spec = ClusterSpec(nodes, ranks_per_node, shaped_mbit(bandwidth))
             arguments = [*report["train_arguments"], "--accumulation", str(k)]
             try:
                 measured = (measure_peer if variant in PEERS else measure)(spec, variant, arguments)

@@ -27,11 +27,11 @@ from zeropp.simulate.hardware import Hardware
 from zeropp_tools.bench.cells import (PEERS, SUFFIXES, VARIANTS, base_variant, check_peers_can_run, is_variant, measure,
                                       measure_peer)
 from zeropp_tools.bench.provenance import chosen_precision, provenance
-from zeropp_tools.cluster import ClusterSpec
+from zeropp_tools.cluster import ClusterSpec, shaped_mbit
 from zeropp_tools.plan import compare, comparison_markdown
 from zeropp_tools.schemes import QUALITY_SETTINGS
 from zeropp_tools.simulation.compare import (LINK_PROBES_FILE, calibrate_on_cluster, probe_shaped_links,
-                                             shaped_mbit, simulated_comparison, simulated_markdown)
+                                             simulated_comparison, simulated_markdown)
 
 logger = logging.getLogger(__name__)
 

@@ -35,6 +35,23 @@ class ClusterSpec:
             raise ValueError(f"latency_ms must be >= 0, got {self.latency_ms}")
 
 
+UNSHAPED = ("none", "unshaped")  # how a benchmark's --bandwidths names a link left unshaped
+
+
+def shaped_mbit(bandwidth: str) -> float | None:
+    """A ``--bandwidths`` entry as the shaper's Mbit/s; None for an unshaped link."""
+    if bandwidth in UNSHAPED:
+        return None
+    try:
+        mbit = float(bandwidth)
+    except ValueError:
+        mbit = 0.0
+    if mbit <= 0:
+        raise ValueError(f"--bandwidths: {bandwidth!r} is not a link; allowed values: a positive Mbit/s "
+                         f"(e.g. 200) or one of {list(UNSHAPED)}")
+    return mbit
+
+
 def check_privileges() -> None:
     """A clear error when this machine cannot build namespaces."""
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]

@@ -16,28 +16,13 @@ from pathlib import Path
 from zeropp.simulate.hardware import Hardware
 from zeropp.simulate.schedule import Schedule
 from zeropp.simulate.simulator import simulate
-from zeropp_tools.cluster import ClusterSpec
+from zeropp_tools.cluster import ClusterSpec, shaped_mbit
 from zeropp_tools.cluster.runner import run_on_cluster
 
 CALIBRATION = ["-m", "zeropp_tools.simulation.calibrate"]
 # TCP over a 1500-byte MTU: 1448 payload bytes in a 1514-byte frame (with timestamps).
 TCP_PAYLOAD_SHARE = 1448 / 1514
-UNSHAPED = ("none", "unshaped")
 LINK_PROBES_FILE = "link-probes.json"  # {bandwidth: {adapter_bytes_per_s, source}} of each shaped link
-
-
-def shaped_mbit(bandwidth: str) -> float | None:
-    """A ``--bandwidths`` entry as the shaper's Mbit/s; None for an unshaped link."""
-    if bandwidth in UNSHAPED:
-        return None
-    try:
-        mbit = float(bandwidth)
-    except ValueError:
-        mbit = 0.0
-    if mbit <= 0:
-        raise ValueError(f"--bandwidths: {bandwidth!r} is not a link; allowed values: a positive Mbit/s "
-                         f"(e.g. 200) or one of {list(UNSHAPED)}")
-    return mbit
 
 
 def calibrate_on_cluster(nodes: int, ranks_per_node: int, train_arguments: list[str], out: Path) -> Hardware:
