@@ -18,7 +18,9 @@ from zeropp_tools.dryrun import DryRun, config_for, dry_model, dry_run_schedule,
 ROUND = Hardware(name="round", sustained_flops=1e12, slowdown_during_communication=0.5, processors=0, tile_m=1,
                  tile_n=1, intra_node_bytes_per_s=10e9, network_adapters_per_node=1, adapter_bytes_per_s=1e9,
                  link_efficiency=1.0, base_latency_s=0.0, intra_node_step_latency_s=0.0,
-                 inter_node_step_latency_s=0.0, kernel_bytes_per_s=1e12, optimizer_bytes_per_parameter=0, sources={})
+                 inter_node_step_latency_s=0.0, arrival_skew_s=0.0, host_receive_intra_node_bytes_per_s=0.0,
+                 host_receive_inter_node_bytes_per_s=0.0, kernel_bytes_per_s=1e12, optimizer_bytes_per_parameter=0,
+                 sources={})
 WORLD = (0, 1, 2, 3)
 
 
@@ -69,6 +71,32 @@ def test_an_inter_node_group_counts_every_rank_of_the_node():
     # rank 3 at the same time, so node 0's adapter carries two chunks.
     time = collective_time(_gather(10**6, group=(0, 2)), Layout(4, 2), 0, ROUND)
     assert time.inter_node_s == pytest.approx(2e-3)
+
+
+
+def test_the_arrival_skew_delays_a_collective_after_compute_until_a_stall_lines_the_ranks_up():
+    skewed = replace(ROUND, arrival_skew_s=2e-3)
+    gathers = [_gather(10**6), _gather(10**6)]  # 3 ms each on node 0's adapter
+    # 1 ms of compute; the first gather starts 2 ms after it and stalls the ranks until
+    # 6 ms, so the second starts at once: 9 ms, not 11.
+    step = simulate(_schedule([Compute(0, "forward", 5 * 10**5), Issue(0), Wait(0), Issue(1), Wait(1)], gathers), skewed)
+    assert step.step_s == pytest.approx(9e-3)
+    # Issued before any compute, the first starts on time and hides under 10 ms of compute
+    # (at half speed for its 3 ms: 11.5 ms); its wait does not stall, so the ranks are still
+    # apart and the second starts 2 ms after the compute: 11.5 + 2 + 3 ms.
+    events = [Issue(0), Compute(0, "forward", 5 * 10**6), Wait(0), Issue(1), Wait(1)]
+    assert simulate(_schedule(events, gathers), skewed).step_s == pytest.approx(16.5e-3)
+
+
+def test_received_bytes_cost_host_time_where_the_host_copies_them():
+    # Rank 0 receives the world ring's 3 chunks from rank 3, on node 1: 3 MB over the
+    # adapter (3 ms), then 3 MB copied at 1 GB/s on the compute stream (3 ms more).
+    gather = _gather(10**6)
+    assert _received(gather, Layout(4, 2), 0).inter_node == 3 * 10**6
+    copying = replace(ROUND, host_receive_inter_node_bytes_per_s=1e9, host_receive_intra_node_bytes_per_s=1e9)
+    step = simulate(_schedule([Issue(0), Wait(0)], [gather]), copying)
+    assert step.host_copy_s == pytest.approx(3e-3) and step.step_s == pytest.approx(6e-3)
+    assert simulate(_schedule([Issue(0), Wait(0)], [gather]), ROUND).step_s == pytest.approx(3e-3)  # 0: no host copy
 
 
 @pytest.fixture
@@ -153,7 +181,7 @@ def test_every_hardware_description_loads_and_names_its_sources():
     assert {"v100-dgx2", "a100-8gpu", "h100-8gpu"} <= set(available())
     for name in available():
         hardware = Hardware.load(name)
-        assert set(hardware.sources) >= {"sustained_flops", "adapter_bytes_per_s", "base_latency_s"}
+        assert set(hardware.sources) >= {"sustained_flops", "adapter_bytes_per_s", "base_latency_s", "arrival_skew_s"}
     with pytest.raises(ValueError, match="allowed values"):
         Hardware.load("tpu")
 
@@ -282,4 +310,5 @@ def test_the_calibration_measures_every_number_a_description_needs(tmp_path):
     layout = argparse.Namespace(num_nodes=2, ranks_per_node=2)  # what describe reads of the topology
     path.write_text(json.dumps(describe(measured, arguments, layout, source)))
     hardware = Hardware.load(str(path))
-    assert hardware.base_latency_s == measured["base_latency_s"] and set(hardware.sources) >= set(measured)
+    assert hardware.arrival_skew_s == measured["arrival_skew_s"] and set(hardware.sources) >= set(measured)
+    assert hardware.host_receive_inter_node_bytes_per_s == hardware.adapter_bytes_per_s  # unshaped: the cores' copy rate

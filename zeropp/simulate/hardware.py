@@ -35,6 +35,15 @@ class Hardware:
     base_latency_s: float
     intra_node_step_latency_s: float
     inter_node_step_latency_s: float
+    # Ranks drift apart while they compute, so a collective issued after compute starts
+    # this much later, when the slowest rank arrives. A wait that stalls lines the ranks up
+    # again: a collective issued right after one starts on time.
+    arrival_skew_s: float
+    # Host time on the compute stream per byte a rank receives, as a rate (0: none). gloo
+    # over TCP copies every byte on the cores that compute; NCCL's copies run on the GPU,
+    # where their cost is the slowdown above.
+    host_receive_intra_node_bytes_per_s: float
+    host_receive_inter_node_bytes_per_s: float
     # Memory-bound kernels: quantize/dequantize around int8/int4 payloads, the optimizer.
     kernel_bytes_per_s: float
     optimizer_bytes_per_parameter: int

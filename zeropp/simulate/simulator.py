@@ -7,11 +7,13 @@ the engine issued them:
 - ``Compute``: the compute stream runs the unit's products, 2 (forward, recompute) or 4
   (backward) x parameters x tokens FLOPs, slowed while any collective is in flight.
 - ``Issue``: the collective is ready when the compute issued before it is done (its input
-  comes from there); it starts when its group's stream and, if it crosses nodes, the
-  node's adapters are free. A quantized payload (int8/uint8) first costs its quantize
-  kernel on the compute stream.
-- ``Wait``: the compute stream stalls until the collective is done, then dequantizes a
-  quantized payload.
+  comes from there) and, if the ranks have computed since they were last lined up, the
+  arrival skew later (the slowest rank's compute); it starts when its group's stream and,
+  if it crosses nodes, the node's adapters are free. A quantized payload (int8/uint8)
+  first costs its quantize kernel on the compute stream.
+- ``Wait``: the compute stream stalls until the collective is done (a stall lines the
+  ranks up), copies what this rank received where the host moves the bytes (gloo), then
+  dequantizes a quantized payload.
 
 A collective's time is its latency (NCCL's model: a base plus one step per ring hop) plus
 the longer of its two hops: the bytes the node's adapters carry in, all ranks of the node
@@ -56,12 +58,14 @@ class StepTime:
     intra_node_s: float = 0.0
     latency_s: float = 0.0
     stalled_s: float = 0.0  # compute stream waiting for collectives
+    host_copy_s: float = 0.0  # compute stream copying received bytes (gloo's TCP)
     flops: float = 0.0  # per rank, recomputation included
 
     @property
     def bottleneck(self) -> str:
         busy = {"compute": self.compute_s, "inter-node link": self.inter_node_s,
-                "intra-node link": self.intra_node_s, "kernels": self.kernels_s, "latency": self.latency_s}
+                "intra-node link": self.intra_node_s, "kernels": self.kernels_s, "latency": self.latency_s,
+                "host copies": self.host_copy_s}
         return max(busy, key=busy.get)
 
 
@@ -87,6 +91,19 @@ def collective_time(collective: Collective, layout: Layout, rank: int, hardware:
                           intra / (hardware.intra_node_bytes_per_s * hardware.link_efficiency))
 
 
+def host_receive_seconds(collective: Collective, layout: Layout, rank: int, hardware: Hardware) -> float:
+    """Host time ``rank`` spends copying what it receives in ``collective`` (0 on GPUs)."""
+    if len(collective.group_ranks) == 1:
+        return 0.0
+    received = _received(collective, layout, rank)
+    seconds = 0.0
+    for nbytes, rate in ((received.intra_node, hardware.host_receive_intra_node_bytes_per_s),
+                         (received.inter_node, hardware.host_receive_inter_node_bytes_per_s)):
+        if rate > 0:
+            seconds += nbytes / rate
+    return seconds
+
+
 def _received(collective: Collective, layout: Layout, member: int) -> Traffic:
     """What ``member`` receives, as the accounting counts it."""
     count = traffic.ring if collective.algorithm == "ring" else traffic.exchange
@@ -95,11 +112,13 @@ def _received(collective: Collective, layout: Layout, member: int) -> Traffic:
 
 @dataclass
 class _Streams:
-    """The compute stream's clock, each group's stream, the node's adapters, and the
-    intervals in which some collective is in flight (they slow compute)."""
+    """The compute stream's clock, each group's stream, the node's adapters, the
+    intervals in which some collective is in flight (they slow compute), and whether the
+    ranks are lined up (none has computed since a collective held them all)."""
 
     hardware: Hardware
     compute_clock: float = 0.0
+    ranks_aligned: bool = True
     group_free: dict[tuple[int, ...], float] = field(default_factory=dict)
     adapters_free: float = 0.0
     in_flight: list[tuple[float, float]] = field(default_factory=list)
@@ -124,7 +143,8 @@ class _Streams:
 
     def start_collective(self, collective: Collective, time: CollectiveTime) -> float:
         """Place a collective issued now; returns when it is done."""
-        start = max(self.compute_clock, self.group_free.get(collective.group_ranks, 0.0))
+        ready = self.compute_clock + (0.0 if self.ranks_aligned else self.hardware.arrival_skew_s)
+        start = max(ready, self.group_free.get(collective.group_ranks, 0.0))
         if time.inter_node_s > 0:
             start = max(start, self.adapters_free)
             self.adapters_free = start + time.latency_s + time.inter_node_s
@@ -133,6 +153,14 @@ class _Streams:
         if end > start:
             self.in_flight.append((start, end))
         return end
+
+    def wait(self, finished: float) -> float:
+        """The compute stream waits for a collective done at ``finished``; returns the stall."""
+        stalled = max(0.0, finished - self.compute_clock)
+        if stalled > 0:  # every rank left the collective together
+            self.ranks_aligned = True
+        self.compute_clock += stalled
+        return stalled
 
 
 def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -159,6 +187,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> StepTime:
             result.flops += flops
             result.compute_s += seconds
             streams.run_compute(seconds)
+            streams.ranks_aligned = False
         elif isinstance(event, Issue):
             collective = schedule.collectives[event.collective_id]
             if collective.dtype in QUANTIZED_DTYPES:  # quantize this rank's chunk first
@@ -169,10 +198,11 @@ def simulate(schedule: Schedule, hardware: Hardware) -> StepTime:
             result.intra_node_s += time.intra_node_s
             result.latency_s += time.latency_s
         elif isinstance(event, Wait):
-            finished = done[event.collective_id]
-            result.stalled_s += max(0.0, finished - streams.compute_clock)
-            streams.compute_clock = max(streams.compute_clock, finished)
+            result.stalled_s += streams.wait(done[event.collective_id])
             collective = schedule.collectives[event.collective_id]
+            copy_s = host_receive_seconds(collective, layout, schedule.rank, hardware)
+            result.host_copy_s += copy_s
+            streams.run_compute(copy_s)
             if collective.dtype in QUANTIZED_DTYPES:  # dequantize every member's chunk
                 _kernel(streams, result, 3 * collective.chunk_bytes * len(collective.group_ranks))
     end = max([streams.compute_clock, *done.values()])

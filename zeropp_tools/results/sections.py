@@ -242,7 +242,12 @@ def simulator_paper(results, name: str = "paper", listed_only: bool = False) -> 
 
 
 def _base_latency(calibration: dict) -> str:
-    """Calibrations before the probe after compute have none."""
+    """The skew of a collective after compute (a base latency per collective in
+    calibrations before the skew had its own field; none before the probe after compute)."""
+    if "arrival_skew_s" in calibration:
+        return (f", {calibration['arrival_skew_s'] * 1e3:.2f} ms of arrival skew for a collective after compute, "
+                f"received bytes copied by the cores at {calibration['host_receive_intra_node_bytes_per_s'] / 1e6:,.0f}"
+                f" / {calibration['host_receive_inter_node_bytes_per_s'] / 1e6:,.0f} MB/s inside / across nodes")
     base = calibration["base_latency_s"]
     return f" plus {base * 1e3:.2f} ms per collective after compute" if base > 0 else ""
 

@@ -8,17 +8,20 @@ rank measures at the same time, so each sees the machine as a training job share
     slowdown                the same, while a loop of world all-gathers runs beside it
     intra-node bandwidth    all-gather of 8 MB per rank inside the node
     step latencies          one-byte all-gathers inside the node and across nodes
-    base latency            } each rank runs one unit's forward, then waits on a world
+    arrival skew            } each rank runs one unit's forward, then waits on a world
     adapter                 } all-gather (1 byte; 1 MB per rank), round after round
+    host receive rates      the unshaped links' rates: loopback links are the cores' copies
     kernels                 INT8 block quantize + dequantize (3 bytes moved per code byte)
     optimizer               AdamW over this rank's share of the parameters
 
-The base latency and the adapter are measured the way a training step uses the link, in
+The arrival skew and the adapter are measured the way a training step uses the link, in
 one thread: compute, then a collective that waits for every rank's compute. On four ranks
 sharing two cores a rank that reaches a collective first waits for the others' compute and
 for the scheduler: 8-10 ms per collective beyond the idle gather's time on an AMD EPYC of
-2 cores, where idle one-byte probes read 0.5-1 ms per ring step. The base is what the loaded one-byte gather takes
-beyond the idle ring steps. With ``--link-only`` (on a shaped cluster) only the adapter is
+2 cores, where idle one-byte probes read 0.5-1 ms per ring step. The skew is what the
+loaded one-byte gather takes beyond the idle ring steps, which hold the whole idle latency
+(the base latency is 0). On unshaped veth pairs no wire limits a transfer: the cores that
+compute copy every byte, so the unshaped rates are also what a received byte costs them. With ``--link-only`` (on a shaped cluster) only the adapter is
 measured: what the shaped link carries in that pattern, which the shaper's nominal rate
 overstates. Rank 0 writes the hardware description, each number with how it was measured.
 """
@@ -181,8 +184,8 @@ def _compute(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
 
 
 def _links(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
-    """The intra-node rate and the ring steps' latencies on idle links, then the base
-    latency and the adapter after compute."""
+    """The intra-node rate and the ring steps' latencies on idle links, then the arrival
+    skew and the adapter after compute."""
     dist.barrier()
     per_node, nodes = topology.ranks_per_node, topology.num_nodes
     intra_node = topology.group("intra_node").handle
@@ -192,10 +195,14 @@ def _links(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
     world_latency = _gather_seconds(topology.group("world").handle, 1, topology.world_size)
     inter_latency = max(0.0, world_latency - (topology.world_size - nodes) * intra_latency) / max(1, nodes - 1)
     loaded_latency, adapter = _loaded_link(_unit_forward(model, tokens), topology)
-    return {"intra_node_bytes_per_s": (per_node - 1) * intra_numel / intra_s,
-            "base_latency_s": max(0.0, loaded_latency - world_latency),
+    intra_node_bytes_per_s = (per_node - 1) * intra_numel / intra_s
+    return {"intra_node_bytes_per_s": intra_node_bytes_per_s,
+            "base_latency_s": 0.0,
             "intra_node_step_latency_s": intra_latency,
             "inter_node_step_latency_s": inter_latency,
+            "arrival_skew_s": max(0.0, loaded_latency - world_latency),
+            "host_receive_intra_node_bytes_per_s": intra_node_bytes_per_s,
+            "host_receive_inter_node_bytes_per_s": adapter,
             "adapter_bytes_per_s": adapter}
 
 
@@ -242,10 +249,14 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
             "sustained_flops": f"6 x parameters x tokens / forward + backward seconds (median of {REPEATS}), {where}",
             "slowdown_during_communication": f"1 - that step's time / its time beside a loop of 4 MB world all-gathers, median of {PROBES} pairs, {where}",
             "intra_node_bytes_per_s": f"an 8 MB-per-rank all-gather inside the node, fastest of {PROBES}, {where}",
-            "base_latency_s": f"what a 1-byte world all-gather right after one unit's forward waits (each rank's median of "
-                              f"{LOADED_ROUNDS} rounds, the mean over ranks) beyond the idle ring steps, {where}",
+            "base_latency_s": "0: the ring steps hold the whole latency of an idle 1-byte gather",
             "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps, {where}",
             "inter_node_step_latency_s": f"a 1-byte world all-gather less its intra-node steps, {where}",
+            "arrival_skew_s": f"what a 1-byte world all-gather right after one unit's forward waits (each rank's median of "
+                              f"{LOADED_ROUNDS} rounds, the mean over ranks) beyond the idle ring steps, {where}",
+            "host_receive_intra_node_bytes_per_s": "the intra-node rate: the cores copy every byte of a veth link",
+            "host_receive_inter_node_bytes_per_s": "the unshaped adapter rate: the cores copy every byte of a veth "
+                                                   "link; a shaped link's own rate is the wire's, not the cores'",
             "adapter_bytes_per_s": f"{link_source()} on the unshaped link, {where}; a shaped run replaces it with the same "
                                    "probe on the shaped link",
             "link_efficiency": "1: the adapter is measured as payload bytes",
