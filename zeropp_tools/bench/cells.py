@@ -52,10 +52,6 @@ def variant_arguments(name: str, ranks_per_node: int) -> list[str]:
     return scheme_flags(named_schemes(ranks_per_node)[base]) + suffix_flags
 
 
-def _bandwidth(text: str) -> float | None:
-    return None if text in ("none", "unshaped") else float(text)
-
-
 def _run(spec: ClusterSpec, variant: str, arguments: list[str], out: Path, **launch) -> tuple[dict, dict]:
     """One run over the cluster: (rank 0's summary.json, the cluster's result)."""
     result = run_on_cluster(spec, arguments, timeout_s=3600, **launch)
