@@ -12,11 +12,11 @@ from parity import train_step
 from zeropp import ShardedModel, ShardedOptimizer, Topology, ZeroConfig
 from zeropp.accounting import FlatSummary
 from zeropp.auto import Accumulation, LinkSpeeds, candidates
-from zeropp.auto.step_model import link_time, step_seconds
-from zeropp.auto.candidates import scheme
 from zeropp.auto.planning import Measurement, Workload, candidate_link_time, plan_next
+from zeropp.auto.replay import predicted_step_s, replayed_step_s
 from zeropp.launch import spawn_ranks
 from zeropp.models import GPT, Block, GPTConfig
+from zeropp.simulate.schedule import Collective, Compute, Issue, Schedule, Wait
 from zeropp.topology import Layout
 
 CONFIG = ZeroConfig(auto=True, compute_dtype="bf16", reduce_dtype="bf16")
@@ -77,36 +77,40 @@ def test_zero3_compute_does_not_bound_the_quantized_candidates():
     assert plan.trial == "zero++-two-hop" and plan.estimates["zero++"][0] < 0.01
 
 
-def test_replan_predicts_measured_candidates_at_the_new_bandwidth():
-    # Every candidate measured on a fast link (epoch 0); quantization costs compute.
+def test_replan_tries_the_fastest_prediction_and_bounds_a_candidate_it_cannot_replay():
+    # Every candidate measured on a fast link (epoch 0), predicted at 50 Mbit/s (epoch 1)
+    # but zero3, which has no recorded step to replay.
     compute = {"zero3": 0.20, "hpz": 0.21, "qwz": 0.24, "qgz": 0.26, "qwz+qgz": 0.30, "zero++": 0.30,
                "zero++-two-hop": 0.32}
     measured = {name: Measurement(seconds + 0.01, seconds, 0) for name, seconds in compute.items()}
-    slow = plan_next(CHOICES, measured, 1, WORK, _mbit(50))
-    # The fastest prediction is tried: it is chosen once measured at the new bandwidth.
-    assert slow.choice is None and slow.trial in ("zero++", "zero++-two-hop")
-    assert all(how is False for _, how in slow.estimates.values())  # predicted, not measured
-    assert slow.estimates["zero3"][0] > 3 * slow.estimates[slow.trial][0]
-    fast = plan_next(CHOICES, measured, 1, WORK, _mbit(100_000))
-    assert fast.trial == "zero3"
-    assert "zero3 predicted" in fast.reason
+    predicted = {"hpz": 2.0, "qwz": 1.6, "qgz": 1.5, "qwz+qgz": 0.9, "zero++": 0.7, "zero++-two-hop": 0.8}
+    slow = plan_next(CHOICES, measured, 1, WORK, _mbit(50), predicted=predicted)
+    assert (slow.trial, slow.choice) == ("zero++", None)  # tried until measured at the new bandwidth
+    assert all(slow.estimates[name] == (seconds, False) for name, seconds in predicted.items())
+    bound = candidate_link_time(WORK, CHOICES["zero3"], _mbit(50)).inter_node_bytes / _mbit(50).inter_node_bytes_per_s
+    assert slow.estimates["zero3"] == (bound, None)
+    assert "zero++ predicted 700 ms" in slow.reason
 
 
-def test_a_replan_keeps_the_time_the_model_did_not_explain():
-    # Compute-bound on a fast link: every step 40% longer than the model says (blocked on
-    # shared cores), and qwz measured fastest. The bandwidth doubles: nothing that matters
-    # changed, so the measured ranking stands instead of compute times alone deciding.
-    links = _mbit(10_000)
-    compute = {"zero3": 0.20, "hpz": 0.21, "qwz": 0.205, "qgz": 0.26, "qwz+qgz": 0.26, "zero++": 0.27,
-               "zero++-two-hop": 0.28}
-    measured = {}
-    for name, seconds in compute.items():
-        link = link_time(FLATS, WORK.layout, scheme(CONFIG, CHOICES[name]), links).seconds
-        step = 1.4 * step_seconds(seconds, link, len(FLATS)) - (0.03 if name == "qwz" else 0.0)
-        measured[name] = Measurement(step, seconds, 0, 3, link)
-    plan = plan_next(CHOICES, measured, 1, WORK, _mbit(20_000))
-    assert plan.trial == "qwz"
-    assert plan.estimates["qwz"][0] == pytest.approx(measured["qwz"].step_s, rel=0.02)
+def _step(compute_first: bool) -> Schedule:
+    """One unit's compute and a world all-gather of 1 MB per rank (3 MB into node 0 on 2 x 2),
+    the gather after the compute or hidden behind it."""
+    gather = [Collective("all_gather", "ring", (0, 1, 2, 3), 10**6, "forward_gather", "bfloat16")]
+    events = [Compute(0, "forward", 1000), Issue(0), Wait(0)] if compute_first else [
+        Issue(0), Compute(0, "forward", 1000), Wait(0)]
+    return Schedule(4, 2, 0, 0, 0, gather, events)
+
+
+def test_a_measured_step_is_replayed_on_new_links_and_keeps_what_the_replay_left_out():
+    fast, slow = LinkSpeeds(30e6, latency_s=0.0), LinkSpeeds(7.5e6, latency_s=0.0)  # 3 MB: 0.1 s, 0.4 s
+    exposed, hidden = _step(compute_first=True), _step(compute_first=False)
+    assert replayed_step_s(exposed, 0.1, fast) == pytest.approx(0.2)  # compute, then the gather
+    assert replayed_step_s(hidden, 0.1, fast) == pytest.approx(0.1)  # the gather behind the compute
+    # Measured 0.25 s and 0.12 s: the replay's change is added to what was measured.
+    assert predicted_step_s(0.25, 0.1, exposed, fast, slow) == pytest.approx(0.55)
+    assert predicted_step_s(0.12, 0.1, hidden, fast, slow) == pytest.approx(0.42)
+    # Faster links cannot make a step shorter than its compute.
+    assert predicted_step_s(0.105, 0.1, hidden, slow, LinkSpeeds(1e12, latency_s=0.0)) == pytest.approx(0.1)
 
 
 def test_one_rank_per_node_drops_the_hpz_candidates():

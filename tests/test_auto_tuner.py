@@ -9,6 +9,7 @@ from zeropp import ZeroConfig
 from zeropp.auto import Accumulation, LinkSpeeds
 from zeropp.auto.planning import CONFIRM_SAMPLES
 from zeropp.auto.tuner import AutoState
+from zeropp.simulate.schedule import Collective
 from zeropp.topology import Layout
 
 
@@ -16,6 +17,7 @@ class _OneRank:
     """The topology and communicator an AutoTuner sees, for a tuner driven by hand."""
 
     layout, ranks_per_node, rank, device, total_wait_seconds = Layout(4, 2), 2, 0, torch.device("cpu"), 0.0
+    schedule = None  # the recorder the engine reports to, when one is attached
 
     def group(self, name):
         return None
@@ -219,3 +221,31 @@ def test_a_candidate_tried_on_one_slow_step_gets_a_second_look(monkeypatch):
     runs = _run_changing_speeds(tuner, clock, {"zero++": (1.344, 3, 1.1), "qwz+qgz": (1.134, 4, 1.217)}, steps=40)
     assert [decision.choice for decision in tuner.decisions] == ["zero++"] and tuner.choice == "zero++"
     assert runs["qwz+qgz"] < 10
+
+
+def test_trial_steps_are_recorded_and_replayed_on_the_links_found_later(monkeypatch):
+    tuner, clock = _tuner_on_a_clock(monkeypatch)
+    link = [200]
+    tuner.probe = _LiveProbe(link)
+    stand_in = tuner.communicator
+    predicted_at_replan = None
+    for _ in range(60):
+        tuner.before_step(FLATS)
+        if tuner._epoch == 1 and predicted_at_replan is None:
+            predicted_at_replan = dict(tuner._predicted)
+            measured_before = {name: m for name, m in tuner.measured.items() if m.epoch == 0}
+        recorder = stand_in.schedule
+        if recorder is not None:  # the engine's part: every candidate's step issues one 1 MB world gather
+            recorder.compute(0, "forward", 1000)
+            recorder.waited(recorder.issued(Collective("all_gather", "ring", (0, 1, 2, 3), 10**6, "forward_gather",
+                                                       "bfloat16")))
+        if tuner.decisions and link[0] == 200:
+            link[0] = 50  # once the first choice is made
+        clock[0] += {"zero++": 0.9, "zero++-two-hop": 1.0}.get(tuner.choice, 2.0) * (2.5 if link[0] == 50 else 1)
+    assert stand_in.schedule is None and tuner.state is AutoState.STEADY  # recorded while trying only
+    # Node 0 receives 3 MB a step: 0.12 s at 200 Mbit/s, 0.48 s at 50; every step measured
+    # at 200 is predicted 0.36 s longer at 50, what it measured kept.
+    assert predicted_at_replan and set(predicted_at_replan) == set(measured_before)
+    for name, measurement in measured_before.items():
+        assert measurement.schedule is not None and measurement.links == _mbit(200)
+        assert predicted_at_replan[name] == pytest.approx(measurement.step_s + 0.36)

@@ -1,5 +1,6 @@
-"""Auto mode: measure the network, let the step model pick the schemes, re-plan when the
-network changes (docs/design.md section 11)."""
+"""Auto mode: measure the network, try the schemes that could win, re-plan when the
+network changes, predicting measured schemes by replaying their recorded steps
+(docs/design.md section 11)."""
 
 from .probe import LinkProbe
 from .step_model import Accumulation, LinkSpeeds, LinkTime, link_time, step_seconds

@@ -11,9 +11,10 @@ import torch
 
 from ..accounting import FlatSummary
 from ..config import ZeroConfig
+from ..simulate.schedule import Schedule
 from ..topology import Layout
 from .candidates import scheme
-from .step_model import Accumulation, LinkSpeeds, LinkTime, link_time, step_seconds
+from .step_model import Accumulation, LinkSpeeds, LinkTime, link_time
 
 WORTH_TRYING = 0.97  # try a candidate only if it might be 3% faster than the best so far
 # One step of a shared machine moves by 10-20% in a job's first steps (the fixed runs of the
@@ -36,13 +37,8 @@ class Measurement:
     compute_s: float  # step less the time blocked in collectives (median)
     epoch: int  # which bandwidth (plan) it was measured under
     samples: int = 1  # measured steps behind the figures
-    link_s: float | None = None  # the candidate's link time at the bandwidth measured under
-
-    def unexplained_s(self, num_flats: int) -> float:
-        """The measured step less the step model's at the bandwidth it was measured under."""
-        if self.link_s is None:
-            return 0.0
-        return self.step_s - step_seconds(self.compute_s, self.link_s, num_flats)
+    links: LinkSpeeds | None = None  # the links it was measured on
+    schedule: Schedule | None = None  # a measured step as the engine issued it, to replay on other links
 
 
 @dataclass(frozen=True)
@@ -67,15 +63,18 @@ class Plan:
 
 
 def plan_next(choices: dict[str, dict], measured: dict[str, Measurement], epoch: int, work: Workload,
-              links: LinkSpeeds, running: str | None = None, close_calls: bool = True) -> Plan:
+              links: LinkSpeeds, running: str | None = None, close_calls: bool = True,
+              predicted: dict[str, float] | None = None) -> Plan:
     """The next candidate to try, or the one to run. A candidate is tried when it might
     beat the best known by more than 3%, the cheapest bound first (ties in the order of
     ``choices``). Then every candidate measured on one step within 25% of the best gets a
     second look, and a close call (the two fastest measured within 15%) measures more
     steps: the running candidate first, then the one on fewest steps. Then the fastest,
     tried until measured on ``CONFIRM_SAMPLES`` steps at this bandwidth, or run.
-    ``close_calls=False`` skips second looks and close calls (the steady state)."""
-    estimates = {name: estimate(overrides, measured.get(name), epoch, work, links)
+    ``close_calls=False`` skips second looks and close calls (the steady state).
+    ``predicted``: steps at these links of candidates measured on others (:mod:`.replay`)."""
+    predicted = predicted or {}
+    estimates = {name: estimate(overrides, measured.get(name), epoch, work, links, predicted.get(name))
                  for name, overrides in choices.items()}
     known = {name: seconds for name, (seconds, how) in estimates.items() if how is not None}
     best = min(known.values(), default=math.inf)
@@ -118,23 +117,19 @@ def _unsettled(measured: dict[str, Measurement], epoch: int, best: float) -> lis
 
 
 def estimate(overrides: dict, measurement: Measurement | None, epoch: int, work: Workload,
-             links: LinkSpeeds) -> tuple[float, bool | None]:
+             links: LinkSpeeds, predicted: float | None = None) -> tuple[float, bool | None]:
     """(seconds, how known) of one candidate's step: measured at this bandwidth (True),
-    predicted by the step model from its compute time, plus what the model left
-    unexplained when it was measured (False), or, never measured, a lower bound (None): no
+    ``predicted`` from a step measured at another (False), or else a lower bound (None): no
     faster than its inter-node bytes at the inter-node bandwidth."""
-    link = candidate_link_time(work, overrides, links)
-    if measurement is None:
-        # Only the inter-node bytes bound the step: the intra-node bandwidth and the latency
-        # are probed on the cores training shares and moved 2x between runs (latency 1.0-2.7
-        # ms), which put the two-hop gather's bound at 2.3 s where it ran 0.75 s steps at
-        # 200 Mbit/s, so it was never tried.
-        return link.inter_node_bytes / links.inter_node_bytes_per_s, None
-    if measurement.epoch == epoch:
+    if measurement is not None and measurement.epoch == epoch:
         return measurement.step_s, True
-    num_flats = len(work.flats)
-    predicted = step_seconds(measurement.compute_s, link.seconds, num_flats) + measurement.unexplained_s(num_flats)
-    return max(predicted, measurement.compute_s), False
+    if measurement is not None and predicted is not None:
+        return predicted, False
+    # Only the inter-node bytes bound the step: the intra-node bandwidth and the latency
+    # are probed on the cores training shares and moved 2x between runs (latency 1.0-2.7
+    # ms), which put the two-hop gather's bound at 2.3 s where it ran 0.75 s steps at
+    # 200 Mbit/s, so it was never tried.
+    return candidate_link_time(work, overrides, links).inter_node_bytes / links.inter_node_bytes_per_s, None
 
 
 def candidate_link_time(work: Workload, overrides: dict, links: LinkSpeeds) -> LinkTime:

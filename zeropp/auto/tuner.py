@@ -24,12 +24,12 @@ inter-node link is probed then if the running choice's last steps moved, else at
 sixth look; in the trials every ``auto_probe_every`` steps. When the bandwidth moves by
 more than 2x, twice in a row (a second probe at once: one short probe can be an outlier),
 it re-plans, dropping the trial steps measured since the probe before, which may have run
-on either link: the step model (:mod:`zeropp.auto.step_model`) predicts every measured
-candidate at the new bandwidth, candidates never measured are tried if they could win, and
-the fastest prediction is tried until confirmed. A prediction keeps what the model did not
-explain at the old bandwidth (the measured step less the model's step, mostly time blocked
-on shared cores): without it every prediction undercut the measured running choice, and
-each took over in turn.
+on either link: the step simulator replays every measured candidate's own recorded step at
+the new links (:mod:`zeropp.auto.replay`; the engine records the steps of each trial),
+candidates never measured are tried if they could win, and the fastest prediction is tried
+until confirmed. A prediction keeps what the replay did not explain at the old links (the
+measured step less the replayed one, mostly time blocked on shared cores): without it every
+prediction undercut the measured running choice, and each took over in turn.
 
 Every figure a decision uses is the slowest rank's (all-reduced), so every rank decides
 the same. Candidates change only which schemes are on; bits, grids, block size and chunks
@@ -50,10 +50,12 @@ import torch
 from ..accounting import FlatSummary
 from ..collectives import Communicator
 from ..config import ZeroConfig
+from ..simulate.schedule import Schedule, ScheduleRecorder
 from ..topology import Topology
 from .candidates import candidates, scheme
-from .planning import Measurement, Workload, candidate_link_time, plan_next
+from .planning import Measurement, Workload, plan_next
 from .probe import PHASE, LinkProbe
+from .replay import predicted_step_s
 from .step_model import Accumulation, LinkSpeeds
 
 logger = logging.getLogger(__name__)
@@ -113,6 +115,12 @@ class AutoTuner:
         self._probed_at = self._previous_probe = 0  # step indices of the last two link probes
         self._clock: tuple[float, float] | None = None  # (time, total wait) at the step's start
         self._incumbent: str | None = None  # the steady choice a challenger on trial must beat
+        # Trial steps as the engine issues them (attached to the communicator while trying),
+        # and the candidates measured on other links predicted at these, for this epoch.
+        layout = topology.layout
+        self._recorder = ScheduleRecorder(layout.world_size, layout.ranks_per_node, topology.rank)
+        self._step_schedule: Schedule | None = None  # the step that just ended, if recorded
+        self._predicted: dict[str, float] = {}
 
     def applied_to(self, config: ZeroConfig) -> ZeroConfig:
         """``config`` with the chosen schemes: what the engine's strategies run."""
@@ -123,6 +131,8 @@ class AutoTuner:
         and the micro-steps the last optimizer step ran; True when the choice changed."""
         self.flats, self.accumulation = flats, accumulation
         elapsed = self._read_clock()
+        events = self._recorder.schedule.events
+        self._step_schedule = self._recorder.schedule if events else None
         previous = self.choice
         if self.state is None:
             self._start()
@@ -130,6 +140,7 @@ class AutoTuner:
             self._trial_step(elapsed)
         else:
             self._steady_step(elapsed)
+        self._recorder.reset()  # the next step's schedule, without this call's probes
         self._step += 1
         self._clock = (time.perf_counter(), self.communicator.total_wait_seconds)  # probes excluded
         return self.choice != previous
@@ -166,7 +177,7 @@ class AutoTuner:
     def _measure(self, name: str, samples: list[tuple[int, float, float]]) -> None:
         self.measured[name] = Measurement(statistics.median(step for _, step, _ in samples),
                                           statistics.median(compute for _, _, compute in samples),
-                                          self._epoch, len(samples), self._link_seconds(name))
+                                          self._epoch, len(samples), self.links, self._schedule_of(name))
 
     def _steady_step(self, elapsed: tuple[float, float]) -> None:
         """Every ``auto_probe_every`` steps: the running choice's median step replaces its
@@ -184,8 +195,8 @@ class AutoTuner:
             statistics.median(step for step, _ in steps), statistics.median(step - waited for step, waited in steps),
             statistics.median(step for step, _ in steps[-RECENT_STEPS:]))
         before_s = self.measured[self.choice].step_s
-        self.measured[self.choice] = Measurement(step_s, compute_s, self._epoch, len(steps),
-                                                 self._link_seconds(self.choice))
+        self.measured[self.choice] = Measurement(step_s, compute_s, self._epoch, len(steps), self.links,
+                                                 self._schedule_of(self.choice))
         self._samples.pop((self.choice, self._epoch), None)  # the window's figure stands for it now
         moved = max(recent_s / before_s, before_s / recent_s) > STEP_MOVED
         if moved or self._step - self._probed_at >= QUIET_PROBES * every:
@@ -210,7 +221,24 @@ class AutoTuner:
             else:
                 del self.measured[name]
         self.links, self._epoch, self._incumbent = links, self._epoch + 1, None
+        self._predicted = self._predictions()
         self._next_trial_or_choose()
+
+    def _predictions(self) -> dict[str, float]:
+        """Each candidate measured on other links, its recorded step replayed on these. A
+        rank replays its own schedule: the slowest rank's figure is kept, so every rank
+        plans the same. A candidate without a recorded step is left out (tried again if it
+        could win)."""
+        names, values = list(self.candidates), []
+        for name in names:
+            measured = self.measured.get(name)
+            if measured is None or measured.epoch == self._epoch or measured.schedule is None or measured.links is None:
+                values.append(-1.0)
+                continue
+            values.append(predicted_step_s(measured.step_s, measured.compute_s, measured.schedule, measured.links,
+                                           self.links))
+        agreed = self._slowest_rank(*values)
+        return {name: value for name, value in zip(names, agreed) if value >= 0}
 
     def _changed_links(self) -> LinkSpeeds | None:
         """The links now when two probes in a row find the inter-node bandwidth moved more
@@ -232,7 +260,7 @@ class AutoTuner:
         # STEADY_MARGIN faster is tried, and it takes over only if still that much faster
         # once re-measured (else the incumbent runs on).
         plan = plan_next(self.candidates, self.measured, self._epoch, self._workload(), self.links, self.choice,
-                         close_calls=not steady)
+                         close_calls=not steady, predicted=self._predicted)
         # A second look, a close call or an unconfirmed lead: the running one measures on.
         # (At the start nothing has run: a first trial of the candidate the tuner starts on
         # still starts.)
@@ -268,10 +296,21 @@ class AutoTuner:
         self.state, self.choice = state, name
         self._steps_in_state = 0
         self._times = []
+        # Steps are recorded while trying only: a steady run (or a generation loop) between
+        # optimizer steps keeps no growing schedule. A schedule the user records takes over
+        # the communicator meanwhile; its steps are not this tuner's.
+        if state is AutoState.TRIAL and self.communicator.schedule is None:
+            self.communicator.schedule = self._recorder
+        elif state is AutoState.STEADY and self.communicator.schedule is self._recorder:
+            self.communicator.schedule = None
 
-    def _link_seconds(self, name: str) -> float:
-        """Candidate ``name``'s link time at the links now (kept with its measurement)."""
-        return candidate_link_time(self._workload(), self.candidates[name], self.links).seconds
+    def _schedule_of(self, name: str) -> Schedule | None:
+        """The recorded step of ``name``: the one that just ended if it ran ``name``, else
+        the one its measurement keeps."""
+        if name == self.choice and self._step_schedule is not None:
+            return self._step_schedule
+        measured = self.measured.get(name)
+        return measured.schedule if measured is not None else None
 
     def _workload(self) -> Workload:
         return Workload(self.flats, self.topology.layout, self.config, self.accumulation)

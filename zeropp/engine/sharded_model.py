@@ -82,7 +82,6 @@ class ShardedModel(TorchContract, nn.Module):
         self._nonfinite = NonfiniteTracker()
         self._pinned: PinnedUnits | None = None  # generation mode: units kept gathered
         self._optimizer_stepped = False  # set by any optimizer stepping these parameters
-        self._schedule: ScheduleRecorder | None = None  # set inside record_schedule()
         self._parameter_ids = {id(param) for param in [*self.master_parameters(), *self.parameters()]}
         watch_optimizer_steps(self)
         if self.config.sync_module_states:
@@ -237,15 +236,16 @@ class ShardedModel(TorchContract, nn.Module):
         ``schedule`` (``reset()`` starts a new one, at a step's start) is what
         ``zeropp.simulate`` replays on other hardware."""
         recorder = ScheduleRecorder(self.topology.world_size, self.topology.ranks_per_node, self.topology.rank)
-        self._comm.schedule = self._schedule = recorder
+        previous, self._comm.schedule = self._comm.schedule, recorder  # auto mode's, while it tries candidates
         try:
             yield recorder
         finally:
-            self._comm.schedule = self._schedule = None
+            self._comm.schedule = previous
 
     def _record_compute(self, unit: Unit, kind: str) -> None:
-        if self._schedule is not None:
-            self._schedule.compute(unit.index, kind, sum(flat.numel for flat in unit.flats))
+        """Report a unit's compute to the recorder the communicator carries, if any."""
+        if self._comm.schedule is not None:
+            self._comm.schedule.compute(unit.index, kind, sum(flat.numel for flat in unit.flats))
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
         """As FSDP2's: False for the micro-steps before the last of an accumulation.
