@@ -171,8 +171,30 @@ def test_without_prefetch_no_gather_overlaps_compute_and_the_step_slows(fake_wor
     assert steps[False].step_s > steps[True].step_s
 
 
+def test_a_recorded_step_keeps_the_host_time_of_each_event_and_the_replay_its_own_clock():
+    from zeropp.simulate.schedule import ScheduleRecorder
+
+    recorder = ScheduleRecorder(4, 2, 0)
+    recorder.compute(0, "forward", 5 * 10**5)
+    recorder.waited(recorder.issued(_gather(10**6)))
+    times = [event.at_s for event in recorder.schedule.events]
+    assert all(at is not None for at in times) and times == sorted(times)
+    # The replay's clock at the same events: compute from 0, the gather issued after its
+    # 1 ms, the stream resuming when the 3 ms gather is done.
+    replay = simulate(replace(recorder.schedule, tokens_per_rank=1000), ROUND)
+    assert replay.event_clock_s == pytest.approx([0.0, 1e-3, 4e-3])
+    recorder.reset()
+    assert recorder.schedule.events == []
+    from zeropp_tools.simulation.compare import timeline_drift
+
+    recorded = _schedule([Compute(0, "forward", 5 * 10**5, 0.0), Issue(0, 0.002), Wait(0, 0.010)], [_gather(10**6)])
+    drift = timeline_drift(recorded, ROUND)
+    assert [(row["type"], row["recorded_s"]) for row in drift] == [("compute", 0.0), ("issue", 0.002), ("wait", 0.010)]
+    assert [row["simulated_s"] for row in drift] == pytest.approx([0.0, 1e-3, 4e-3])
+
+
 def test_schedules_survive_a_json_round_trip(tmp_path):
-    schedule = _schedule([Issue(0), Compute(3, "recompute", 7), Wait(0)], [_gather(5)])
+    schedule = _schedule([Issue(0, 0.5), Compute(3, "recompute", 7), Wait(0, 1.25)], [_gather(5)])
     schedule.save(tmp_path / "schedule.json")
     assert Schedule.load(tmp_path / "schedule.json") == schedule
 

@@ -10,6 +10,7 @@ meta device) records the schedule of a world this machine cannot hold.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,14 +28,21 @@ class Collective:
     dtype: str  # int8/uint8 payloads are quantized: the kernels around them cost time too
 
 
+# Each recorded event keeps ``at_s``: host seconds since the step's start, where the host
+# issued it (a wait: where it returned), so a replay can be held to the step's own timeline.
+# On CUDA that is the host's time, not the device's. None in hand-built schedules.
+
+
 @dataclass(frozen=True)
 class Issue:
     collective_id: int
+    at_s: float | None = None
 
 
 @dataclass(frozen=True)
 class Wait:
     collective_id: int
+    at_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class Compute:
     unit: int
     kind: str
     parameters: int
+    at_s: float | None = None
 
 
 EVENT_TYPES = {"issue": Issue, "wait": Wait, "compute": Compute}
@@ -93,16 +102,20 @@ class ScheduleRecorder:
     def __init__(self, world_size: int, ranks_per_node: int, rank: int) -> None:
         self.schedule = Schedule(world_size, ranks_per_node, rank)
         self._backward_seen: set[tuple[int, str]] = set()
+        self._started = time.perf_counter()
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._started
 
     def issued(self, collective: Collective) -> int:
         """Record ``collective`` as started now; returns the id its wait is recorded under."""
         self.schedule.collectives.append(collective)
         collective_id = len(self.schedule.collectives) - 1
-        self.schedule.events.append(Issue(collective_id))
+        self.schedule.events.append(Issue(collective_id, self._now()))
         return collective_id
 
     def waited(self, collective_id: int) -> None:
-        self.schedule.events.append(Wait(collective_id))
+        self.schedule.events.append(Wait(collective_id, self._now()))
 
     def compute(self, unit: int, kind: str, parameters: int) -> None:
         if kind == "forward":
@@ -111,9 +124,10 @@ class ScheduleRecorder:
             return
         else:
             self._backward_seen.add((unit, kind))
-        self.schedule.events.append(Compute(unit, kind, parameters))
+        self.schedule.events.append(Compute(unit, kind, parameters, self._now()))
 
     def reset(self) -> None:
         """Start a new step's schedule (the previous one is dropped)."""
         self.schedule = Schedule(self.schedule.world_size, self.schedule.ranks_per_node, self.schedule.rank)
         self._backward_seen.clear()
+        self._started = time.perf_counter()

@@ -60,6 +60,10 @@ class StepTime:
     stalled_s: float = 0.0  # compute stream waiting for collectives
     host_copy_s: float = 0.0  # compute stream copying received bytes (gloo's TCP)
     flops: float = 0.0  # per rank, recomputation included
+    # The compute stream's clock where the host reaches each event, in the schedule's order:
+    # a compute as it starts, an issue once launched, a wait once the stream resumes (beside
+    # a recorded event's ``at_s``, where the replay parts from the step it replays).
+    event_clock_s: list[float] = field(default_factory=list)
 
     @property
     def bottleneck(self) -> str:
@@ -182,6 +186,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> StepTime:
     times = [collective_time(collective, layout, schedule.rank, hardware) for collective in schedule.collectives]
     for event in schedule.events:
         if isinstance(event, Compute):
+            result.event_clock_s.append(streams.compute_clock)
             flops = FLOPS_PER_PARAMETER_TOKEN[event.kind] * event.parameters * schedule.tokens_per_rank
             seconds = hardware.matmul_seconds(flops, schedule.tokens_per_rank, event.parameters)
             result.flops += flops
@@ -194,6 +199,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> StepTime:
                 _kernel(streams, result, 3 * collective.chunk_bytes)
             time = times[event.collective_id]
             done[event.collective_id] = streams.start_collective(collective, time)
+            result.event_clock_s.append(streams.compute_clock)
             result.inter_node_s += time.inter_node_s
             result.intra_node_s += time.intra_node_s
             result.latency_s += time.latency_s
@@ -203,6 +209,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> StepTime:
             copy_s = host_receive_seconds(collective, layout, schedule.rank, hardware)
             result.host_copy_s += copy_s
             streams.run_compute(copy_s)
+            result.event_clock_s.append(streams.compute_clock)
             if collective.dtype in QUANTIZED_DTYPES:  # dequantize every member's chunk
                 _kernel(streams, result, 3 * collective.chunk_bytes * len(collective.group_ranks))
     end = max([streams.compute_clock, *done.values()])

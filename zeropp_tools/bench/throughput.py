@@ -62,7 +62,7 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
             except RuntimeError as error:
                 measured = {"error": str(error)}
                 logger.info(f"{text:>9} Mbit/s {variant:<22} FAILED: {error}")
-            _keep_schedule(measured, variant, out)
+            _keep_schedule(measured, variant, text, out)
             report["runs"][text][variant].append(measured)
             if "tokens_per_s" in measured:
                 logger.info(f"{text:>9} Mbit/s {variant:<22} {measured['tokens_per_s']:>10,.0f} tokens/s "
@@ -72,16 +72,18 @@ def run(nodes: int, ranks_per_node: int, bandwidths: list[str], variants: list[s
     return report
 
 
-def _keep_schedule(measured: dict, variant: str, out: Path) -> None:
-    """Keep a fixed scheme's first recorded schedule as ``schedules/<variant>.json`` (the
-    schedule does not depend on the link; auto mode's does, and is not kept)."""
+def _keep_schedule(measured: dict, variant: str, bandwidth: str, out: Path) -> None:
+    """Keep a fixed scheme's first recorded schedule as ``schedules/<variant>.json`` (what
+    it issues does not depend on the link; auto mode's does, and is not kept), and each
+    cell's first as ``timelines/<bandwidth>-<variant>.json``: its events' host times are
+    that link's, for holding a replay to the step it replays."""
     path = measured.pop("schedule_path", None)
     if path is None or base_variant(variant) == "auto" or not Path(path).exists():
         return
-    kept = out / "schedules" / f"{variant}.json"
-    if not kept.exists():
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, kept)
+    for kept in (out / "schedules" / f"{variant}.json", out / "timelines" / f"{bandwidth}-{variant}.json"):
+        if not kept.exists():
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, kept)
 
 
 def summarize(runs: dict) -> dict:

@@ -92,6 +92,16 @@ def simulated_comparison(report: dict, schedules: Path, hardware: Hardware, prob
     return rows
 
 
+def timeline_drift(schedule: Schedule, hardware: Hardware) -> list[dict]:
+    """Each recorded event's host time beside the replay's clock there (a cell's schedule
+    from ``timelines/``, replayed on that cell's link): where the two part is where the
+    model misses."""
+    replay = simulate(schedule, hardware)
+    return [{"event": index, "type": type(event).__name__.lower(), "recorded_s": event.at_s, "simulated_s": clock}
+            for index, (event, clock) in enumerate(zip(schedule.events, replay.event_clock_s))
+            if event.at_s is not None]
+
+
 def _micro_steps(report: dict) -> int:
     options = dict(zip(report["train_arguments"][::2], report["train_arguments"][1::2]))
     return int(options.get("--accumulation", 1))
