@@ -17,7 +17,8 @@ from zeropp_tools.dryrun import DryRun, config_for, dry_model, dry_run_schedule,
 # no latency, no wave quantization, compute at half speed while a collective runs.
 ROUND = Hardware(name="round", sustained_flops=1e12, slowdown_during_communication=0.5, processors=0, tile_m=1,
                  tile_n=1, intra_node_bytes_per_s=10e9, network_adapters_per_node=1, adapter_bytes_per_s=1e9,
-                 link_efficiency=1.0, base_latency_s=0.0, intra_node_step_latency_s=0.0,
+                 link_efficiency=1.0, parallel_flows_adapter_bytes_per_s=0.0, base_latency_s=0.0,
+                 intra_node_step_latency_s=0.0,
                  inter_node_step_latency_s=0.0, arrival_skew_s=0.0, host_receive_intra_node_bytes_per_s=0.0,
                  host_receive_inter_node_bytes_per_s=0.0, kernel_bytes_per_s=1e12, optimizer_bytes_per_parameter=0,
                  sources={})
@@ -71,6 +72,10 @@ def test_an_inter_node_group_counts_every_rank_of_the_node():
     # rank 3 at the same time, so node 0's adapter carries two chunks.
     time = collective_time(_gather(10**6, group=(0, 2)), Layout(4, 2), 0, ROUND)
     assert time.inter_node_s == pytest.approx(2e-3)
+    # Those two copies are two flows across the link: at the rate probed for that pattern.
+    shared = replace(ROUND, parallel_flows_adapter_bytes_per_s=0.5e9)
+    assert collective_time(_gather(10**6, group=(0, 2)), Layout(4, 2), 0, shared).inter_node_s == pytest.approx(4e-3)
+    assert collective_time(_gather(10**6), Layout(4, 2), 0, shared).inter_node_s == pytest.approx(3e-3)  # one ring
 
 
 
@@ -272,14 +277,21 @@ def test_the_adapter_probe_counts_the_rings_bytes_into_a_node():
     assert ring_bytes_into_node(Layout(4, 2), 100) == 300
     assert ring_bytes_into_node(Layout(8, 4), 100) == 700
     assert ring_bytes_into_node(Layout(4, 4), 100) == 0
+    # Each rank among its peers on the other nodes: on 2 x 2 a chunk into each of node 0's
+    # two ranks; on 4 x 2 three into each.
+    peers = lambda layout: (lambda rank: layout.inter_node_ranks(layout.local_index_of(rank)))
+    assert ring_bytes_into_node(Layout(4, 2), 100, peers(Layout(4, 2))) == 200
+    assert ring_bytes_into_node(Layout(8, 2), 100, peers(Layout(8, 2))) == 600
 
 
 def test_a_probed_link_replaces_the_shapers_rate_and_an_unprobed_one_loses_tcps_headers():
     from zeropp_tools.simulation.compare import TCP_PAYLOAD_SHARE, link_hardware
 
-    probes = {"50": {"adapter_bytes_per_s": 5e6, "source": "test"}}
+    probes = {"50": {"adapter_bytes_per_s": 5e6, "parallel_flows_adapter_bytes_per_s": 4e6, "source": "test"}}
     assert link_hardware(ROUND, "none", probes) is ROUND
     assert link_hardware(ROUND, "50", probes).inter_node_bytes_per_s == pytest.approx(5e6)
+    assert link_hardware(ROUND, "50", probes).inter_node_rate(2) == pytest.approx(4e6)
+    assert link_hardware(ROUND, "200", probes).inter_node_rate(2) == link_hardware(ROUND, "200").inter_node_bytes_per_s
     assert link_hardware(ROUND, "200", probes).inter_node_bytes_per_s == pytest.approx(25e6 * TCP_PAYLOAD_SHARE)
     older = replace(ROUND, link_efficiency=TCP_PAYLOAD_SHARE)  # descriptions that apply TCP's share themselves
     assert link_hardware(older, "200").inter_node_bytes_per_s == pytest.approx(25e6 * TCP_PAYLOAD_SHARE)
@@ -301,10 +313,10 @@ def _loaded_probe(rank, world_size):
 def test_the_loaded_probe_waits_for_the_slowest_ranks_compute():
     from zeropp.launch import spawn_ranks
 
-    for empty, adapter in spawn_ranks(_loaded_probe, 4):
+    for empty, adapter, parallel in spawn_ranks(_loaded_probe, 4):
         # Ranks 1-3 wait out rank 0's 50 ms of compute before each gather: 3/4 of it on average.
         assert 0.03 <= empty < 0.5
-        assert 0 < adapter < float("inf")
+        assert 0 < adapter < float("inf") and 0 < parallel < float("inf")
 
 
 def _calibrate_tiny(rank, world_size):

@@ -32,6 +32,7 @@ def probed_hardware(links: LinkSpeeds, ranks_per_node: int, flops_per_s: float) 
         # simulator's intra-node link is one rank's.
         intra_node_bytes_per_s=links.intra_node_bytes_per_s / max(1, ranks_per_node),
         network_adapters_per_node=1, adapter_bytes_per_s=links.inter_node_bytes_per_s, link_efficiency=1.0,
+        parallel_flows_adapter_bytes_per_s=0.0,
         base_latency_s=0.0, intra_node_step_latency_s=links.latency_s, inter_node_step_latency_s=links.latency_s,
         arrival_skew_s=0.0, host_receive_intra_node_bytes_per_s=0.0, host_receive_inter_node_bytes_per_s=0.0,
         kernel_bytes_per_s=math.inf, optimizer_bytes_per_parameter=0,

@@ -31,6 +31,10 @@ class Hardware:
     network_adapters_per_node: int
     adapter_bytes_per_s: float
     link_efficiency: float  # share of line rate a large collective reaches
+    # What the adapters carry in, as adapter_bytes_per_s does, when every rank of the node
+    # runs its own copy of a collective across nodes at once (several flows share the
+    # link: TCP through a shaper carries less than one flow does). 0: the same rate.
+    parallel_flows_adapter_bytes_per_s: float
     # Latency of a collective: a base plus one step per ring hop (NCCL's tuning model).
     base_latency_s: float
     intra_node_step_latency_s: float
@@ -54,11 +58,22 @@ class Hardware:
         """What one node's adapters carry in, together, at the efficiency collectives reach."""
         return self.network_adapters_per_node * self.adapter_bytes_per_s * self.link_efficiency
 
-    def with_adapters(self, count: int, bytes_per_s: float | None = None) -> Hardware:
-        """The same nodes with ``count`` network adapters (of ``bytes_per_s`` each, if given)."""
+    def inter_node_rate(self, copies_per_node: int) -> float:
+        """What one node's adapters carry in while ``copies_per_node`` copies of a
+        collective (one per rank of the node) cross nodes at once."""
+        if copies_per_node > 1 and self.parallel_flows_adapter_bytes_per_s > 0:
+            return self.network_adapters_per_node * self.parallel_flows_adapter_bytes_per_s * self.link_efficiency
+        return self.inter_node_bytes_per_s
+
+    def with_adapters(self, count: int, bytes_per_s: float | None = None,
+                      parallel_flows_bytes_per_s: float | None = None) -> Hardware:
+        """The same nodes with ``count`` network adapters (of ``bytes_per_s`` each, and
+        ``parallel_flows_bytes_per_s`` with several flows, if given; else the single-flow rate)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(network_adapters_per_node=count,
                       adapter_bytes_per_s=self.adapter_bytes_per_s if bytes_per_s is None else bytes_per_s)
+        if bytes_per_s is not None or parallel_flows_bytes_per_s is not None:
+            values["parallel_flows_adapter_bytes_per_s"] = parallel_flows_bytes_per_s or 0.0
         return Hardware(**values)
 
     def matmul_seconds(self, flops: float, tokens: int, parameters: int) -> float:

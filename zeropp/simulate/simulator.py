@@ -86,12 +86,13 @@ def collective_time(collective: Collective, layout: Layout, rank: int, hardware:
         received = _received(collective, layout, member)
         inter += received.inter_node
         intra = max(intra, received.intra_node)
-    inter = inter * layout.ranks_per_node // len(on_node)  # the node's other copies of this collective
+    copies = layout.ranks_per_node // len(on_node)  # this collective's copies on the node, one per rank
+    inter = inter * copies
     nodes = len({layout.node_of(member) for member in group})
     steps = size - 1
     latency = (hardware.base_latency_s + (steps - (nodes - 1)) * hardware.intra_node_step_latency_s
                + (nodes - 1) * hardware.inter_node_step_latency_s)
-    return CollectiveTime(latency, inter / hardware.inter_node_bytes_per_s,
+    return CollectiveTime(latency, inter / hardware.inter_node_rate(copies),
                           intra / (hardware.intra_node_bytes_per_s * hardware.link_efficiency))
 
 

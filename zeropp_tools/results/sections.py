@@ -252,6 +252,12 @@ def _base_latency(calibration: dict) -> str:
     return f" plus {base * 1e3:.2f} ms per collective after compute" if base > 0 else ""
 
 
+def _parallel_flows(rates: dict) -> str:
+    """The rate with a flow per rank across the link (calibrations before it have none)."""
+    parallel = rates.get("parallel_flows_adapter_bytes_per_s")
+    return f" ({parallel * 8 / 1e6:,.0f} with a flow per rank)" if parallel else ""
+
+
 def simulator_cluster(results) -> str:
     """Each fixed scheme's recorded schedule replayed on the calibrated emulated cluster."""
     report = results.load("simulator/throughput/throughput.json")
@@ -259,14 +265,15 @@ def simulator_cluster(results) -> str:
     inputs = (f"Calibration (measured before the runs, the same commit): {calibration['sustained_flops'] / 1e9:.1f} "
               f"GFLOP/s per rank, compute slowed {calibration['slowdown_during_communication'] * 100:.0f}% beside "
               f"communication, {calibration['intra_node_bytes_per_s'] / 1e6:,.0f} MB/s inside a node, "
-              f"{calibration['adapter_bytes_per_s'] * 8 / 1e6:,.0f} Mbit/s between nodes unshaped, latency "
+              f"{calibration['adapter_bytes_per_s'] * 8 / 1e6:,.0f} Mbit/s between nodes unshaped"
+              f"{_parallel_flows(calibration)}, latency "
               f"{calibration['intra_node_step_latency_s'] * 1e3:.2f} / {calibration['inter_node_step_latency_s'] * 1e3:.2f} "
               f"ms per step inside / across nodes{_base_latency(calibration)}, kernels "
               f"{calibration['kernel_bytes_per_s'] / 1e9:.1f} GB/s.")
     probes = report.get("link_probes")
     if probes:
         carried = [f"{bandwidth} Mbit/s carries {probe['adapter_bytes_per_s'] * 8 / 1e6:,.0f} Mbit/s of payload"
-                   for bandwidth, probe in probes.items()]
+                   + _parallel_flows(probe) for bandwidth, probe in probes.items()]
         inputs += " Shaped links, probed the same way: " + ", ".join(carried) + "."
     return (f"{throughput.header(report)}{_bullet(inputs)}\n\n" + simulated_markdown(report["simulator"]))
 

@@ -10,6 +10,8 @@ rank measures at the same time, so each sees the machine as a training job share
     step latencies          one-byte all-gathers inside the node and across nodes
     arrival skew            } each rank runs one unit's forward, then waits on a world
     adapter                 } all-gather (1 byte; 1 MB per rank), round after round
+    adapter, parallel flows the same with each rank gathering among its peers on the other
+                            nodes (every rank of a node a flow across the link at once)
     host receive rates      the unshaped links' rates: loopback links are the cores' copies
     kernels                 INT8 block quantize + dequantize (3 bytes moved per code byte)
     optimizer               AdamW over this rank's share of the parameters
@@ -81,13 +83,14 @@ def _gather_seconds(group, numel: int, size: int) -> float:
     return min(probes)
 
 
-def ring_bytes_into_node(layout: Layout, chunk_bytes: int) -> int:
-    """Bytes a ring all-gather of ``chunk_bytes`` per rank over the world carries into node
-    0, as the accounting counts them: on 2 x 2 the ring enters each node once per step, so
-    3 chunks, not the 4 remote ones (one of them crosses twice, once each way)."""
-    world = range(layout.world_size)
-    return sum(traffic.ring(layout, rank, world, chunk_bytes).inter_node
-               for rank in world if layout.node_of(rank) == 0)
+def ring_bytes_into_node(layout: Layout, chunk_bytes: int, group_of=None) -> int:
+    """Bytes ring all-gathers of ``chunk_bytes`` per rank carry into node 0, as the
+    accounting counts them, each rank of node 0 in its group ``group_of(rank)`` (default:
+    the world). On 2 x 2 the world ring enters each node once per step, so 3 chunks, not
+    the 4 remote ones (one of them crosses twice, once each way)."""
+    group_of = group_of or (lambda rank: range(layout.world_size))
+    return sum(traffic.ring(layout, rank, group_of(rank), chunk_bytes).inter_node
+               for rank in range(layout.world_size) if layout.node_of(rank) == 0)
 
 
 def _alone_and_beside(step, world, side_numel: int, gather_s: float, world_size: int) -> tuple[float, float]:
@@ -135,16 +138,28 @@ def _wait_after_compute(segment, group, numel: int, size: int) -> float:
     return _mean_over_ranks(statistics.median(waits))
 
 
-def _loaded_link(segment, topology: Topology) -> tuple[float, float]:
-    """(seconds a one-byte world all-gather waits after compute, payload bytes per second
-    into a node of a ``LINK_CHUNK`` gather beyond that wait)."""
-    world = topology.group("world").handle
+def _loaded_rate(segment, group, size: int, bytes_into_node: int) -> tuple[float, float]:
+    """(seconds a one-byte all-gather on ``group`` waits after compute, payload bytes per
+    second into a node of a ``LINK_CHUNK`` gather beyond that wait)."""
     dist.barrier()
-    empty = _wait_after_compute(segment, world, 1, topology.world_size)
-    chunk = _wait_after_compute(segment, world, LINK_CHUNK, topology.world_size)
+    empty = _wait_after_compute(segment, group, 1, size)
+    chunk = _wait_after_compute(segment, group, LINK_CHUNK, size)
     # A one-byte round that ran slow cannot leave the transfer under half the chunk's wait.
     transfer = max(chunk - empty, chunk / 2)
-    return empty, ring_bytes_into_node(topology.layout, LINK_CHUNK) / transfer
+    return empty, bytes_into_node / transfer
+
+
+def _loaded_link(segment, topology: Topology) -> tuple[float, float, float]:
+    """(seconds a one-byte world all-gather waits after compute, the adapter's payload
+    rate in a world gather (one flow across the link each way), and in gathers among each
+    rank's peers on the other nodes (a flow per rank of the node))."""
+    layout = topology.layout
+    empty, adapter = _loaded_rate(segment, topology.group("world").handle, topology.world_size,
+                                  ring_bytes_into_node(layout, LINK_CHUNK))
+    peers = topology.group("inter_node")
+    _, parallel = _loaded_rate(segment, peers.handle, peers.size, ring_bytes_into_node(
+        layout, LINK_CHUNK, lambda rank: layout.inter_node_ranks(layout.local_index_of(rank))))
+    return empty, adapter, parallel
 
 
 def _unit_forward(model: GPT, tokens: tuple[int, int]):
@@ -162,8 +177,8 @@ def _model(model_size: str, precision: str) -> GPT:
 
 def measure_link(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
     """The adapter alone, the loaded way: for a shaped link."""
-    _, adapter = _loaded_link(_unit_forward(_model(model_size, precision), tokens), topology)
-    return {"adapter_bytes_per_s": adapter}
+    _, adapter, parallel = _loaded_link(_unit_forward(_model(model_size, precision), tokens), topology)
+    return {"adapter_bytes_per_s": adapter, "parallel_flows_adapter_bytes_per_s": parallel}
 
 
 def _compute(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
@@ -194,7 +209,7 @@ def _links(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
     intra_latency = _gather_seconds(intra_node, 1, per_node) / max(1, per_node - 1)
     world_latency = _gather_seconds(topology.group("world").handle, 1, topology.world_size)
     inter_latency = max(0.0, world_latency - (topology.world_size - nodes) * intra_latency) / max(1, nodes - 1)
-    loaded_latency, adapter = _loaded_link(_unit_forward(model, tokens), topology)
+    loaded_latency, adapter, parallel = _loaded_link(_unit_forward(model, tokens), topology)
     intra_node_bytes_per_s = (per_node - 1) * intra_numel / intra_s
     return {"intra_node_bytes_per_s": intra_node_bytes_per_s,
             "base_latency_s": 0.0,
@@ -203,7 +218,8 @@ def _links(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
             "arrival_skew_s": max(0.0, loaded_latency - world_latency),
             "host_receive_intra_node_bytes_per_s": intra_node_bytes_per_s,
             "host_receive_inter_node_bytes_per_s": adapter,
-            "adapter_bytes_per_s": adapter}
+            "adapter_bytes_per_s": adapter,
+            "parallel_flows_adapter_bytes_per_s": parallel}
 
 
 def _kernels(parameters: int, topology: Topology) -> dict:
@@ -260,6 +276,8 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
             "adapter_bytes_per_s": f"{link_source()} on the unshaped link, {where}; a shaped run replaces it with the same "
                                    "probe on the shaped link",
             "link_efficiency": "1: the adapter is measured as payload bytes",
+            "parallel_flows_adapter_bytes_per_s": f"the same probe with each rank gathering among its peers on the other "
+                                                  f"nodes, {where}; a shaped run probes it there too",
             "kernel_bytes_per_s": f"INT8 block quantize + dequantize of 4M values, 3 bytes per code byte, {where}",
             "optimizer_bytes_per_parameter": f"AdamW over 1/W of the parameters, as bytes at the kernel rate, {where}",
             "processors": "a CPU core has no waves to fill",

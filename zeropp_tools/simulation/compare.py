@@ -68,7 +68,8 @@ def link_hardware(hardware: Hardware, bandwidth: str, probes: dict | None = None
     if mbit is None:
         return hardware
     if probes and bandwidth in probes:
-        return hardware.with_adapters(1, probes[bandwidth]["adapter_bytes_per_s"])
+        probe = probes[bandwidth]
+        return hardware.with_adapters(1, probe["adapter_bytes_per_s"], probe.get("parallel_flows_adapter_bytes_per_s"))
     payload_bytes_per_s = mbit * 1e6 / 8 * TCP_PAYLOAD_SHARE
     return hardware.with_adapters(1, payload_bytes_per_s / hardware.link_efficiency)  # the description applies its own
 

@@ -35,7 +35,8 @@ def plan_hardware(args) -> Hardware:
     return Hardware(
         name="given by flags", sustained_flops=(args.rank_gflops or 5.0) * 1e9, slowdown_during_communication=0.0,
         processors=0, tile_m=1, tile_n=1, intra_node_bytes_per_s=math.inf, network_adapters_per_node=1,
-        adapter_bytes_per_s=(args.inter_node_mbit or 200.0) * 1e6 / 8, link_efficiency=1.0, base_latency_s=0.0,
+        adapter_bytes_per_s=(args.inter_node_mbit or 200.0) * 1e6 / 8, link_efficiency=1.0,
+        parallel_flows_adapter_bytes_per_s=0.0, base_latency_s=0.0,
         intra_node_step_latency_s=0.0, inter_node_step_latency_s=50e-6, arrival_skew_s=0.0,
         host_receive_intra_node_bytes_per_s=0.0, host_receive_inter_node_bytes_per_s=0.0, kernel_bytes_per_s=math.inf,
         optimizer_bytes_per_parameter=0, sources={"all": "command-line flags"})
