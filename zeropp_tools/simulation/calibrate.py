@@ -51,6 +51,9 @@ REPEATS = 5
 # probe keeps the fastest of three: single 8 MB probes inside a node read 65 MB/s in one
 # calibration and 234-249 MB/s in the next two, minutes apart on an idle machine.
 PROBES = 3
+# Alone/beside pairs of the slowdown probe. Its median over 3 pairs read 7%, 18% and 37% in
+# three calibrations of one afternoon with the same code. A pair is 12 steps of the GPT.
+SLOWDOWN_PAIRS = 9
 LOADED_ROUNDS = 16  # compute-then-gather rounds of the loaded probes; each rank keeps its median
 LINK_CHUNK = 1 << 20  # bytes per rank: about one unit's gather share of the benchmark's GPT
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -192,7 +195,7 @@ def _compute(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
     world = topology.group("world").handle
     side_numel = 4 << 20
     gather_s = _gather_seconds(world, side_numel, topology.world_size)
-    pairs = [_alone_and_beside(step, world, side_numel, gather_s, topology.world_size) for _ in range(PROBES)]
+    pairs = [_alone_and_beside(step, world, side_numel, gather_s, topology.world_size) for _ in range(SLOWDOWN_PAIRS)]
     alone = statistics.median(alone for alone, _ in pairs)
     return {"sustained_flops": 6 * model.num_parameters() * batch * length / alone,
             "slowdown_during_communication": statistics.median(max(0.0, 1 - alone / beside) for alone, beside in pairs)}
@@ -263,7 +266,7 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
         "link_efficiency": 1.0,
         "sources": {
             "sustained_flops": f"6 x parameters x tokens / forward + backward seconds (median of {REPEATS}), {where}",
-            "slowdown_during_communication": f"1 - that step's time / its time beside a loop of 4 MB world all-gathers, median of {PROBES} pairs, {where}",
+            "slowdown_during_communication": f"1 - that step's time / its time beside a loop of 4 MB world all-gathers, median of {SLOWDOWN_PAIRS} pairs, {where}",
             "intra_node_bytes_per_s": f"an 8 MB-per-rank all-gather inside the node, fastest of {PROBES}, {where}",
             "base_latency_s": "0: the ring steps hold the whole latency of an idle 1-byte gather",
             "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps, {where}",
