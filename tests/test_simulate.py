@@ -324,8 +324,8 @@ def _calibrate_tiny(rank, world_size):
     from zeropp_tools.simulation import calibrate
 
     # Fewer and smaller probes than a calibration takes: this rank's copy of the module only.
-    calibrate.PROBES, calibrate.REPEATS, calibrate.LOADED_ROUNDS, calibrate.LINK_CHUNK = 1, 2, 2, 64 << 10
-    calibrate.SLOWDOWN_PAIRS = 1
+    calibrate.PROBES, calibrate.SLOWDOWN_PAIRS, calibrate.REPEATS, calibrate.LOADED_ROUNDS = 1, 1, 2, 2
+    calibrate.LINK_CHUNK = 64 << 10
     return calibrate.measure("tiny", (2, 16), "fp32", Topology.from_environment(ranks_per_node=2))
 
 

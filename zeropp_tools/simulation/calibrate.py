@@ -265,7 +265,8 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
         "network_adapters_per_node": 1,
         "link_efficiency": 1.0,
         "sources": {
-            "sustained_flops": f"6 x parameters x tokens / forward + backward seconds (median of {REPEATS}), {where}",
+            "sustained_flops": f"6 x parameters x tokens / forward + backward seconds (the median over the slowdown's "
+                               f"{SLOWDOWN_PAIRS} pairs of each one's median of {REPEATS} steps alone), {where}",
             "slowdown_during_communication": f"1 - that step's time / its time beside a loop of 4 MB world all-gathers, median of {SLOWDOWN_PAIRS} pairs, {where}",
             "intra_node_bytes_per_s": f"an 8 MB-per-rank all-gather inside the node, fastest of {PROBES}, {where}",
             "base_latency_s": "0: the ring steps hold the whole latency of an idle 1-byte gather",
