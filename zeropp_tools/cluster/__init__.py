@@ -1,5 +1,7 @@
 """An emulated multi-node cluster on one machine: one network namespace per node."""
 
-from .emulated import ClusterSpec, EmulatedCluster, shaped_mbit
+from .emulated import (TCP_PAYLOAD_SHARE, ClusterSpec, EmulatedCluster, burst_payload_bytes, payload_bytes_per_s,
+                       shaped_mbit)
 
-__all__ = ["ClusterSpec", "EmulatedCluster", "shaped_mbit"]
+__all__ = ["TCP_PAYLOAD_SHARE", "ClusterSpec", "EmulatedCluster", "burst_payload_bytes", "payload_bytes_per_s",
+           "shaped_mbit"]

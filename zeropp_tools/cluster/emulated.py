@@ -38,6 +38,26 @@ class ClusterSpec:
 UNSHAPED = ("none", "unshaped")  # how a benchmark's --bandwidths names a link left unshaped
 
 
+# TCP over a 1500-byte MTU: 1448 payload bytes in a 1514-byte frame (with timestamps).
+TCP_PAYLOAD_SHARE = 1448 / 1514
+
+
+def token_bucket_bytes(mbit: float) -> int:
+    """The shaper's burst on a ``mbit`` link: bytes (whole frames) it lets through at the
+    link's own speed after idling; at least one timer tick of data (4 ms at 250 Hz)."""
+    return max(32_000, int(mbit * 1e6 / 8 / 250))
+
+
+def payload_bytes_per_s(mbit: float) -> float:
+    """What a ``mbit`` link carries of the collectives' bytes (the shaper counts frames)."""
+    return mbit * 1e6 / 8 * TCP_PAYLOAD_SHARE
+
+
+def burst_payload_bytes(mbit: float) -> int:
+    """The collectives' bytes in the shaper's burst on a ``mbit`` link."""
+    return int(token_bucket_bytes(mbit) * TCP_PAYLOAD_SHARE)
+
+
 def shaped_mbit(bandwidth: str) -> float | None:
     """A ``--bandwidths`` entry as the shaper's Mbit/s; None for an unshaped link."""
     if bandwidth in UNSHAPED:
@@ -163,7 +183,7 @@ class EmulatedCluster:
         return ["parent", "1:1"] if self.spec.latency_ms else ["root"]
 
     def _token_bucket(self, namespace: str, mbit: float) -> None:
-        burst = max(32_000, int(mbit * 1e6 / 8 / 250))  # >= one timer tick of data
+        burst = token_bucket_bytes(mbit)
         _run("ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0", *self._bucket_parent(), "tbf",
              "rate", f"{mbit}mbit", "burst", str(burst), "latency", "200ms")
 

@@ -23,18 +23,22 @@ for the scheduler: 8-10 ms per collective beyond the idle gather's time on an AM
 2 cores, where idle one-byte probes read 0.5-1 ms per ring step. The skew is what the
 loaded one-byte gather takes beyond the idle ring steps, which hold the whole idle latency
 (the base latency is 0). On unshaped veth pairs no wire limits a transfer: the cores that
-compute copy every byte, so the unshaped rates are also what a received byte costs them. With ``--link-only`` (on a shaped cluster) only the adapter is
-measured: what the shaped link carries in that pattern, which the shaper's nominal rate
-overstates. Rank 0 writes the hardware description, each number with how it was measured.
+compute copy every byte, so the unshaped rates are also what a received byte costs them.
+With ``--link-only`` (on a shaped cluster) only the adapter is measured: what the shaped
+link carries in that pattern, beyond the burst the
+shaper lets through after idling (``--burst-bytes``), which the simulator spends itself.
+Rank 0 writes the hardware description, each number with how it was measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,6 +49,7 @@ from zeropp.launch import exit_without_finalization, finish_distributed, init_fr
 from zeropp.models import GPT, GPTConfig
 from zeropp.quantization.blocks import BlockFormat, dequantize, quantize
 from zeropp.topology import Layout, Topology
+from zeropp_tools.cluster import burst_payload_bytes, payload_bytes_per_s
 
 REPEATS = 5
 # A link's rate is its fastest probe (noise on shared cores only slows one), as auto mode's
@@ -56,6 +61,10 @@ PROBES = 3
 SLOWDOWN_PAIRS = 9
 LOADED_ROUNDS = 16  # compute-then-gather rounds of the loaded probes; each rank keeps its median
 LINK_CHUNK = 1 << 20  # bytes per rank: about one unit's gather share of the benchmark's GPT
+# A shaped link's probe moves at least this long at the shaper's rate. Ranks that reach a
+# gather first send while the last is still computing (the arrival skew, about 6 ms), which
+# a short transfer hides: 1 MB chunks read 1.44 Gbit/s of payload through a 1 Gbit/s shaper.
+PROBE_TRANSFER_S = 0.1
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -141,27 +150,47 @@ def _wait_after_compute(segment, group, numel: int, size: int) -> float:
     return _mean_over_ranks(statistics.median(waits))
 
 
-def _loaded_rate(segment, group, size: int, bytes_into_node: int) -> tuple[float, float]:
+@dataclass(frozen=True)
+class ShapedLink:
+    """The shaper a link probe runs behind (the defaults: none). Its rate sizes the probe's
+    chunks; its burst, which the simulator spends itself, is left out of the rate."""
+
+    payload_bytes_per_s: float = 0.0
+    burst_bytes: int = 0
+
+    @classmethod
+    def at(cls, mbit: float) -> ShapedLink:
+        return cls(payload_bytes_per_s(mbit), burst_payload_bytes(mbit))
+
+    def chunk_bytes(self, chunks_into_node: int) -> int:
+        """Bytes per rank for a gather that moves ``chunks_into_node`` chunks into a node."""
+        return max(LINK_CHUNK, math.ceil(self.payload_bytes_per_s * PROBE_TRANSFER_S / chunks_into_node))
+
+
+def _loaded_rate(segment, group, size: int, chunks_into_node: int, link: ShapedLink) -> tuple[float, float]:
     """(seconds a one-byte all-gather on ``group`` waits after compute, payload bytes per
-    second into a node of a ``LINK_CHUNK`` gather beyond that wait)."""
+    second into a node of a gather of ``link``'s chunks beyond that wait and its burst)."""
+    chunk_bytes = link.chunk_bytes(chunks_into_node)
     dist.barrier()
     empty = _wait_after_compute(segment, group, 1, size)
-    chunk = _wait_after_compute(segment, group, LINK_CHUNK, size)
+    chunk = _wait_after_compute(segment, group, chunk_bytes, size)
     # A one-byte round that ran slow cannot leave the transfer under half the chunk's wait.
     transfer = max(chunk - empty, chunk / 2)
-    return empty, bytes_into_node / transfer
+    # The bucket refilled during the compute, and the link's rate refills it while the
+    # burst drains: the gather ends when burst + rate x transfer covers its bytes.
+    return empty, (chunks_into_node * chunk_bytes - link.burst_bytes) / transfer
 
 
-def _loaded_link(segment, topology: Topology) -> tuple[float, float, float]:
+def _loaded_link(segment, topology: Topology, link: ShapedLink = ShapedLink()) -> tuple[float, float, float]:
     """(seconds a one-byte world all-gather waits after compute, the adapter's payload
     rate in a world gather (one flow across the link each way), and in gathers among each
     rank's peers on the other nodes (a flow per rank of the node))."""
     layout = topology.layout
     empty, adapter = _loaded_rate(segment, topology.group("world").handle, topology.world_size,
-                                  ring_bytes_into_node(layout, LINK_CHUNK))
+                                  ring_bytes_into_node(layout, 1), link)
     peers = topology.group("inter_node")
     _, parallel = _loaded_rate(segment, peers.handle, peers.size, ring_bytes_into_node(
-        layout, LINK_CHUNK, lambda rank: layout.inter_node_ranks(layout.local_index_of(rank))))
+        layout, 1, lambda rank: layout.inter_node_ranks(layout.local_index_of(rank))), link)
     return empty, adapter, parallel
 
 
@@ -178,10 +207,12 @@ def _model(model_size: str, precision: str) -> GPT:
     return GPT(GPTConfig.preset(model_size)).to(DTYPES[precision])
 
 
-def measure_link(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology) -> dict:
-    """The adapter alone, the loaded way: for a shaped link."""
-    _, adapter, parallel = _loaded_link(_unit_forward(_model(model_size, precision), tokens), topology)
-    return {"adapter_bytes_per_s": adapter, "parallel_flows_adapter_bytes_per_s": parallel}
+def measure_link(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology, mbit: float) -> dict:
+    """The adapter alone, the loaded way, behind a shaper of ``mbit``."""
+    link = ShapedLink.at(mbit)
+    _, adapter, parallel = _loaded_link(_unit_forward(_model(model_size, precision), tokens), topology, link)
+    return {"adapter_bytes_per_s": adapter, "parallel_flows_adapter_bytes_per_s": parallel,
+            "adapter_burst_bytes": link.burst_bytes}
 
 
 def _compute(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
@@ -248,10 +279,13 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
             **_kernels(model.num_parameters(), topology)}
 
 
-def link_source() -> str:
-    return (f"the ring's payload bytes into a node of a {LINK_CHUNK / 2**20:g} MB-per-rank world all-gather right "
-            f"after one unit's forward, over its wait beyond a 1-byte one's (each rank's median of {LOADED_ROUNDS} "
-            "rounds, the mean over ranks)")
+def link_source(shaped: bool = False) -> str:
+    chunk = (f"chunks of at least {LINK_CHUNK / 2**20:g} MB per rank, sized to cross in {PROBE_TRANSFER_S:g} s at the "
+             "shaper's rate," if shaped else f"a {LINK_CHUNK / 2**20:g} MB-per-rank")
+    burst = " and the shaper's burst" if shaped else ""
+    return (f"the ring's payload bytes into a node of {chunk} world all-gather right after one unit's forward, "
+            f"over its wait beyond a 1-byte one's{burst} (each rank's median of {LOADED_ROUNDS} rounds, the mean "
+            "over ranks)")
 
 
 def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, source: dict) -> dict:
@@ -303,15 +337,19 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--link-only", action="store_true",
                         help="measure the adapter alone (on a shaped cluster): writes {adapter_bytes_per_s, source}")
+    parser.add_argument("--shaped-mbit", type=float,
+                        help="with --link-only: the shaper's rate, which sizes the probe and whose burst it leaves out")
     arguments = parser.parse_args()
+    if arguments.link_only and arguments.shaped_mbit is None:
+        parser.error("--link-only needs --shaped-mbit: the shaper's rate sizes the probe")
     torch.set_num_threads(1)
     init_from_torchrun()
     topology = Topology.from_environment()
     source = provenance()
     tokens = (arguments.batch_per_rank, arguments.seq_len)
     if arguments.link_only:
-        description = {**measure_link(arguments.model, tokens, arguments.precision, topology),
-                       "source": f"{link_source()}, at {source['git_commit']}"}
+        description = {**measure_link(arguments.model, tokens, arguments.precision, topology, arguments.shaped_mbit),
+                       "source": f"{link_source(shaped=True)}, at {source['git_commit']}"}
     else:
         description = describe(measure(arguments.model, tokens, arguments.precision, topology), arguments, topology,
                                source)

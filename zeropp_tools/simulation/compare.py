@@ -16,12 +16,10 @@ from pathlib import Path
 from zeropp.simulate.hardware import Hardware
 from zeropp.simulate.schedule import Schedule
 from zeropp.simulate.simulator import simulate
-from zeropp_tools.cluster import ClusterSpec, shaped_mbit
+from zeropp_tools.cluster import TCP_PAYLOAD_SHARE, ClusterSpec, burst_payload_bytes, payload_bytes_per_s, shaped_mbit
 from zeropp_tools.cluster.runner import run_on_cluster
 
 CALIBRATION = ["-m", "zeropp_tools.simulation.calibrate"]
-# TCP over a 1500-byte MTU: 1448 payload bytes in a 1514-byte frame (with timestamps).
-TCP_PAYLOAD_SHARE = 1448 / 1514
 LINK_PROBES_FILE = "link-probes.json"  # {bandwidth: {adapter_bytes_per_s, source}} of each shaped link
 
 
@@ -42,7 +40,8 @@ def probe_shaped_links(nodes: int, ranks_per_node: int, train_arguments: list[st
         if mbit is None:
             continue
         path = out.with_name(f"link-{bandwidth}.json")
-        _run_calibration(ClusterSpec(nodes, ranks_per_node, mbit), train_arguments, path, ["--link-only"])
+        _run_calibration(ClusterSpec(nodes, ranks_per_node, mbit), train_arguments, path,
+                         ["--link-only", "--shaped-mbit", f"{mbit:g}"])
         probes[bandwidth] = json.loads(path.read_text())
         path.unlink()
     out.write_text(json.dumps(probes, indent=2) + "\n")
@@ -63,15 +62,20 @@ def _run_calibration(spec: ClusterSpec, train_arguments: list[str], out: Path, e
 def link_hardware(hardware: Hardware, bandwidth: str, probes: dict | None = None) -> Hardware:
     """The calibrated cluster with its link shaped to ``bandwidth`` Mbit/s ("none": as
     measured): at the rate ``probes`` measured there, else at the shaper's rate less TCP's
-    headers (the shaper counts whole frames)."""
+    headers (the shaper counts whole frames); behind the shaper's bucket, whose burst runs
+    at the unshaped link's rate. A probe that kept no burst (those before the bucket was
+    simulated) measured its rate with the burst in it and is replayed without a bucket."""
     mbit = shaped_mbit(bandwidth)
     if mbit is None:
         return hardware
     if probes and bandwidth in probes:
         probe = probes[bandwidth]
-        return hardware.with_adapters(1, probe["adapter_bytes_per_s"], probe.get("parallel_flows_adapter_bytes_per_s"))
-    payload_bytes_per_s = mbit * 1e6 / 8 * TCP_PAYLOAD_SHARE
-    return hardware.with_adapters(1, payload_bytes_per_s / hardware.link_efficiency)  # the description applies its own
+        shaped = hardware.with_adapters(1, probe["adapter_bytes_per_s"], probe.get("parallel_flows_adapter_bytes_per_s"))
+        burst = probe.get("adapter_burst_bytes", 0)
+    else:
+        shaped = hardware.with_adapters(1, payload_bytes_per_s(mbit) / hardware.link_efficiency)  # the description applies its own
+        burst = burst_payload_bytes(mbit)
+    return shaped.with_token_bucket(burst, hardware.inter_node_bytes_per_s) if burst else shaped
 
 
 def simulated_comparison(report: dict, schedules: Path, hardware: Hardware, probes: dict | None = None) -> list[dict]:
