@@ -93,25 +93,6 @@ def test_the_arrival_skew_delays_a_collective_after_compute_until_a_stall_lines_
     assert simulate(_schedule(events, gathers), skewed).step_s == pytest.approx(16.5e-3)
 
 
-def test_a_shapers_bucket_speeds_a_transfer_after_idling_and_not_one_right_behind_another():
-    gathers = [_gather(10**6), _gather(10**6)]
-    plain = collective_time(gathers[0], Layout(4, 2), 0, ROUND)
-    assert plain.inter_node_bytes == 3 * 10**6  # the world ring enters node 0 once per step
-    shaped = ROUND.with_token_bucket(10**6, 1e10)  # 1 MB of burst, ten times the link's rate
-    burst_first = (plain.inter_node_bytes - 10**6) / ROUND.adapter_bytes_per_s  # the bucket starts full
-    back_to_back = simulate(_schedule([Issue(0), Wait(0), Issue(1), Wait(1)], gathers), shaped)
-    assert back_to_back.inter_node_s == pytest.approx(burst_first + plain.inter_node_s)
-    # 1 ms of compute between them: the link's rate refills the whole megabyte.
-    spaced = simulate(_schedule([Issue(0), Wait(0), Compute(0, "forward", 5 * 10**5), Issue(1), Wait(1)], gathers),
-                      shaped)
-    assert spaced.inter_node_s == pytest.approx(2 * burst_first)
-    # A transfer inside the burst runs at the burst's rate.
-    small = simulate(_schedule([Issue(0), Wait(0)], [_gather(10**5)]), shaped)
-    assert small.inter_node_s == pytest.approx(3 * 10**5 / 1e10)
-    assert simulate(_schedule([Issue(0), Wait(0), Issue(1), Wait(1)], gathers), ROUND).inter_node_s == pytest.approx(
-        2 * plain.inter_node_s)  # no shaper, no bucket
-
-
 def test_received_bytes_cost_host_time_where_the_host_copies_them():
     # Rank 0 receives the world ring's 3 chunks from rank 3, on node 1: 3 MB over the
     # adapter (3 ms), then 3 MB copied at 1 GB/s on the compute stream (3 ms more).
@@ -304,7 +285,7 @@ def test_the_adapter_probe_counts_the_rings_bytes_into_a_node():
 
 
 def test_a_probed_link_replaces_the_shapers_rate_and_an_unprobed_one_loses_tcps_headers():
-    from zeropp_tools.cluster import TCP_PAYLOAD_SHARE, burst_payload_bytes
+    from zeropp_tools.cluster import TCP_PAYLOAD_SHARE
     from zeropp_tools.simulation.compare import link_hardware
 
     probes = {"50": {"adapter_bytes_per_s": 5e6, "parallel_flows_adapter_bytes_per_s": 4e6, "source": "test"}}
@@ -317,23 +298,6 @@ def test_a_probed_link_replaces_the_shapers_rate_and_an_unprobed_one_loses_tcps_
     assert link_hardware(older, "200").inter_node_bytes_per_s == pytest.approx(25e6 * TCP_PAYLOAD_SHARE)
     with pytest.raises(ValueError, match="--bandwidths: '1g' is not a link; allowed values: a positive Mbit/s"):
         link_hardware(ROUND, "1g")
-    # The shaper's bucket: as the probe left it out, else from the shaper's settings; its
-    # burst runs at the unshaped link's rate. A probe that kept none had the burst in its rate.
-    probes["1000"] = {"adapter_bytes_per_s": 1e8, "adapter_burst_bytes": 4e5, "source": "test"}
-    assert link_hardware(ROUND, "1000", probes).adapter_burst_bytes == 4e5
-    assert link_hardware(ROUND, "1000", probes).adapter_burst_bytes_per_s == ROUND.inter_node_bytes_per_s
-    assert link_hardware(ROUND, "200").adapter_burst_bytes == burst_payload_bytes(200) == int(100_000 * TCP_PAYLOAD_SHARE)
-    assert link_hardware(ROUND, "50", probes).adapter_burst_bytes == 0
-
-
-def test_a_shaped_links_probe_lasts_long_enough_to_dwarf_the_arrival_skew():
-    from zeropp_tools.simulation.calibrate import LINK_CHUNK, PROBE_TRANSFER_S, ShapedLink
-
-    assert ShapedLink().chunk_bytes(3) == LINK_CHUNK  # unshaped: the cores' copy rate, a unit's share
-    assert ShapedLink.at(50).chunk_bytes(3) == LINK_CHUNK  # 3 MB take half a second at 50 Mbit/s
-    fast = ShapedLink.at(1000)
-    for chunks in (2, 3):  # a flow per rank, the world ring
-        assert chunks * fast.chunk_bytes(chunks) >= fast.payload_bytes_per_s * PROBE_TRANSFER_S > 2 * LINK_CHUNK * 3
 
 
 def _loaded_probe(rank, world_size):
@@ -342,9 +306,21 @@ def _loaded_probe(rank, world_size):
     from zeropp import Topology
     from zeropp_tools.simulation import calibrate
 
-    calibrate.LOADED_ROUNDS, calibrate.LINK_CHUNK = 3, 64 << 10  # this rank's copy of the module only
+    calibrate.LOADED_ROUNDS, calibrate.LOADED_PROBES, calibrate.LINK_CHUNK = 3, 1, 64 << 10  # this rank's module only
     topology = Topology.from_environment(ranks_per_node=2)
     return calibrate._loaded_link(lambda: time.sleep(0.05 if rank == 0 else 0.0), topology)
+
+
+def test_a_shaped_links_probe_lasts_long_enough_to_dwarf_the_arrival_skew():
+    from zeropp_tools.cluster import payload_bytes_per_s
+    from zeropp_tools.simulation.calibrate import LINK_CHUNK, PROBE_TRANSFER_S, chunk_bytes
+
+    assert chunk_bytes(3) == LINK_CHUNK  # unshaped: a unit's share, as a step gathers it
+    assert chunk_bytes(3, payload_bytes_per_s(50)) == LINK_CHUNK  # 3 MB take half a second at 50 Mbit/s
+    fast = payload_bytes_per_s(1000)
+    for chunks in (2, 3):  # a flow per rank, the world ring (on 2 x 2)
+        assert chunks * chunk_bytes(chunks, fast) == pytest.approx(fast * PROBE_TRANSFER_S, abs=chunks)
+        assert chunk_bytes(chunks, fast) > 1.9 * LINK_CHUNK
 
 
 def test_the_loaded_probe_waits_for_the_slowest_ranks_compute():
@@ -362,6 +338,7 @@ def _calibrate_tiny(rank, world_size):
 
     # Fewer and smaller probes than a calibration takes: this rank's copy of the module only.
     calibrate.PROBES, calibrate.SLOWDOWN_PAIRS, calibrate.REPEATS, calibrate.LOADED_ROUNDS = 1, 1, 2, 2
+    calibrate.LOADED_PROBES = 1
     calibrate.LINK_CHUNK = 64 << 10
     return calibrate.measure("tiny", (2, 16), "fp32", Topology.from_environment(ranks_per_node=2))
 

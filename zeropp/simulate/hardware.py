@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 HARDWARE_FOLDER = Path(__file__).with_name("hardware")
@@ -52,11 +52,6 @@ class Hardware:
     kernel_bytes_per_s: float
     optimizer_bytes_per_parameter: int
     sources: dict[str, str]
-    # A token-bucket shaper on the node's link (the emulated cluster's tc tbf; 0 on real
-    # adapters): after idling, the link sends up to this many payload bytes at the burst
-    # rate before it falls back to the adapters' rate, at which the bucket refills.
-    adapter_burst_bytes: float = 0.0
-    adapter_burst_bytes_per_s: float = 0.0
 
     @property
     def inter_node_bytes_per_s(self) -> float:
@@ -80,11 +75,6 @@ class Hardware:
         if bytes_per_s is not None or parallel_flows_bytes_per_s is not None:
             values["parallel_flows_adapter_bytes_per_s"] = parallel_flows_bytes_per_s or 0.0
         return Hardware(**values)
-
-    def with_token_bucket(self, burst_bytes: float, burst_bytes_per_s: float) -> Hardware:
-        """The same nodes behind a shaper that lets ``burst_bytes`` through at
-        ``burst_bytes_per_s`` after idling."""
-        return replace(self, adapter_burst_bytes=burst_bytes, adapter_burst_bytes_per_s=burst_bytes_per_s)
 
     def matmul_seconds(self, flops: float, tokens: int, parameters: int) -> float:
         """Seconds of a unit's products of ``tokens`` rows with its ``parameters`` weights."""

@@ -19,14 +19,12 @@ A collective's time is its latency (NCCL's model: a base plus one step per ring 
 the longer of its two hops: the bytes the node's adapters carry in, all ranks of the node
 together (every rank of a node issues its own copy of a collective at the same time), at
 the adapters' rate, and the bytes one rank receives from its own node at the intra-node
-rate. Behind a shaper (the emulated cluster's tbf) the node's adapters first spend its
-bucket, which refills at their rate while they idle. Bytes are counted as the accounting
-counts them (``zeropp.accounting.log``).
+rate. Bytes are counted as the accounting counts them (``zeropp.accounting.log``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .. import traffic
 from ..topology import Layout
@@ -43,7 +41,6 @@ class CollectiveTime:
     latency_s: float
     inter_node_s: float  # the node's adapters busy
     intra_node_s: float
-    inter_node_bytes: int = 0  # what the node's adapters carry in, every copy on the node together
 
     @property
     def seconds(self) -> float:
@@ -96,7 +93,7 @@ def collective_time(collective: Collective, layout: Layout, rank: int, hardware:
     latency = (hardware.base_latency_s + (steps - (nodes - 1)) * hardware.intra_node_step_latency_s
                + (nodes - 1) * hardware.inter_node_step_latency_s)
     return CollectiveTime(latency, inter / hardware.inter_node_rate(copies),
-                          intra / (hardware.intra_node_bytes_per_s * hardware.link_efficiency), inter)
+                          intra / (hardware.intra_node_bytes_per_s * hardware.link_efficiency))
 
 
 def host_receive_seconds(collective: Collective, layout: Layout, rank: int, hardware: Hardware) -> float:
@@ -119,33 +116,10 @@ def _received(collective: Collective, layout: Layout, member: int) -> Traffic:
 
 
 @dataclass
-class _TokenBucket:
-    """A shaper's bucket on the node's link (tc's tbf): it fills at the link's rate while
-    the link idles, up to ``capacity`` bytes, and a transfer spends it at ``burst_bytes_per_s``
-    before it runs at the link's rate. Full at the start: the step follows idle time."""
-
-    capacity: float
-    burst_bytes_per_s: float
-    level: float
-    updated_at: float = 0.0  # when ``level`` was last true
-
-    def transfer_seconds(self, nbytes: float, bytes_per_s: float, start: float) -> float:
-        """Seconds ``nbytes`` take from ``start`` on a link of ``bytes_per_s`` behind the bucket."""
-        level = min(self.capacity, self.level + bytes_per_s * max(0.0, start - self.updated_at))
-        # Tokens arrive at the link's rate while the burst drains: the transfer ends when
-        # level + rate x t covers the bytes, or at the burst rate if that is later.
-        seconds = max(nbytes / self.burst_bytes_per_s, (nbytes - level) / bytes_per_s)
-        self.level = min(self.capacity, max(0.0, level + bytes_per_s * seconds - nbytes))
-        self.updated_at = start + seconds
-        return seconds
-
-
-@dataclass
 class _Streams:
-    """The compute stream's clock, each group's stream, the node's adapters (and their
-    shaper's bucket, on the emulated cluster), the intervals in which some collective is in
-    flight (they slow compute), and whether the ranks are lined up (none has computed since
-    a collective held them all)."""
+    """The compute stream's clock, each group's stream, the node's adapters, the
+    intervals in which some collective is in flight (they slow compute), and whether the
+    ranks are lined up (none has computed since a collective held them all)."""
 
     hardware: Hardware
     compute_clock: float = 0.0
@@ -153,12 +127,6 @@ class _Streams:
     group_free: dict[tuple[int, ...], float] = field(default_factory=dict)
     adapters_free: float = 0.0
     in_flight: list[tuple[float, float]] = field(default_factory=list)
-    bucket: _TokenBucket | None = None
-
-    def __post_init__(self) -> None:
-        if self.hardware.adapter_burst_bytes > 0:
-            self.bucket = _TokenBucket(self.hardware.adapter_burst_bytes, self.hardware.adapter_burst_bytes_per_s,
-                                       self.hardware.adapter_burst_bytes)
 
     def run_compute(self, seconds: float) -> None:
         """Advance the compute clock by ``seconds`` of work at full speed, slower while
@@ -178,23 +146,18 @@ class _Streams:
             clock, left = clock + overlap, left - overlap * slow_rate
         self.compute_clock = clock + max(left, 0.0)
 
-    def start_collective(self, collective: Collective, time: CollectiveTime) -> tuple[float, CollectiveTime]:
-        """Place a collective issued now; returns when it is done and its time as run
-        (behind a shaper, the inter-node hop depends on how long the link idled)."""
+    def start_collective(self, collective: Collective, time: CollectiveTime) -> float:
+        """Place a collective issued now; returns when it is done."""
         ready = self.compute_clock + (0.0 if self.ranks_aligned else self.hardware.arrival_skew_s)
         start = max(ready, self.group_free.get(collective.group_ranks, 0.0))
         if time.inter_node_s > 0:
             start = max(start, self.adapters_free)
-            if self.bucket is not None:
-                inter_node_s = self.bucket.transfer_seconds(time.inter_node_bytes,
-                                                            time.inter_node_bytes / time.inter_node_s, start)
-                time = replace(time, inter_node_s=inter_node_s)
             self.adapters_free = start + time.latency_s + time.inter_node_s
         end = start + time.seconds
         self.group_free[collective.group_ranks] = end
         if end > start:
             self.in_flight.append((start, end))
-        return end, time
+        return end
 
     def wait(self, finished: float) -> float:
         """The compute stream waits for a collective done at ``finished``; returns the stall."""
@@ -235,7 +198,8 @@ def simulate(schedule: Schedule, hardware: Hardware) -> StepTime:
             collective = schedule.collectives[event.collective_id]
             if collective.dtype in QUANTIZED_DTYPES:  # quantize this rank's chunk first
                 _kernel(streams, result, 3 * collective.chunk_bytes)
-            done[event.collective_id], time = streams.start_collective(collective, times[event.collective_id])
+            time = times[event.collective_id]
+            done[event.collective_id] = streams.start_collective(collective, time)
             result.event_clock_s.append(streams.compute_clock)
             result.inter_node_s += time.inter_node_s
             result.intra_node_s += time.intra_node_s

@@ -42,20 +42,9 @@ UNSHAPED = ("none", "unshaped")  # how a benchmark's --bandwidths names a link l
 TCP_PAYLOAD_SHARE = 1448 / 1514
 
 
-def token_bucket_bytes(mbit: float) -> int:
-    """The shaper's burst on a ``mbit`` link: bytes (whole frames) it lets through at the
-    link's own speed after idling; at least one timer tick of data (4 ms at 250 Hz)."""
-    return max(32_000, int(mbit * 1e6 / 8 / 250))
-
-
 def payload_bytes_per_s(mbit: float) -> float:
     """What a ``mbit`` link carries of the collectives' bytes (the shaper counts frames)."""
     return mbit * 1e6 / 8 * TCP_PAYLOAD_SHARE
-
-
-def burst_payload_bytes(mbit: float) -> int:
-    """The collectives' bytes in the shaper's burst on a ``mbit`` link."""
-    return int(token_bucket_bytes(mbit) * TCP_PAYLOAD_SHARE)
 
 
 def shaped_mbit(bandwidth: str) -> float | None:
@@ -183,7 +172,7 @@ class EmulatedCluster:
         return ["parent", "1:1"] if self.spec.latency_ms else ["root"]
 
     def _token_bucket(self, namespace: str, mbit: float) -> None:
-        burst = token_bucket_bytes(mbit)
+        burst = max(32_000, int(mbit * 1e6 / 8 / 250))  # >= one timer tick of data
         _run("ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0", *self._bucket_parent(), "tbf",
              "rate", f"{mbit}mbit", "burst", str(burst), "latency", "200ms")
 

@@ -25,9 +25,9 @@ loaded one-byte gather takes beyond the idle ring steps, which hold the whole id
 (the base latency is 0). On unshaped veth pairs no wire limits a transfer: the cores that
 compute copy every byte, so the unshaped rates are also what a received byte costs them.
 With ``--link-only`` (on a shaped cluster) only the adapter is measured: what the shaped
-link carries in that pattern, beyond the burst the
-shaper lets through after idling (``--burst-bytes``), which the simulator spends itself.
-Rank 0 writes the hardware description, each number with how it was measured.
+link carries in that pattern, with chunks sized to cross in 0.1 s at the shaper's rate
+(``--shaped-mbit``). Rank 0 writes the hardware description, each number with how it was
+measured.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import math
 import statistics
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,7 +48,7 @@ from zeropp.launch import exit_without_finalization, finish_distributed, init_fr
 from zeropp.models import GPT, GPTConfig
 from zeropp.quantization.blocks import BlockFormat, dequantize, quantize
 from zeropp.topology import Layout, Topology
-from zeropp_tools.cluster import burst_payload_bytes, payload_bytes_per_s
+from zeropp_tools.cluster import payload_bytes_per_s
 
 REPEATS = 5
 # A link's rate is its fastest probe (noise on shared cores only slows one), as auto mode's
@@ -59,6 +58,10 @@ PROBES = 3
 # Alone/beside pairs of the slowdown probe. Its median over 3 pairs read 7%, 18% and 37% in
 # three calibrations of one afternoon with the same code. A pair is 12 steps of the GPT.
 SLOWDOWN_PAIRS = 9
+# Loaded probes (compute, then a gather) per link rate, whose median it keeps: two flows
+# through one shaper share it differently from probe to probe (a flow per rank at 200 Mbit/s
+# read 177, 204 and 219 Mbit/s in three probes of one hour).
+LOADED_PROBES = 3
 LOADED_ROUNDS = 16  # compute-then-gather rounds of the loaded probes; each rank keeps its median
 LINK_CHUNK = 1 << 20  # bytes per rank: about one unit's gather share of the benchmark's GPT
 # A shaped link's probe moves at least this long at the shaper's rate. Ranks that reach a
@@ -150,47 +153,39 @@ def _wait_after_compute(segment, group, numel: int, size: int) -> float:
     return _mean_over_ranks(statistics.median(waits))
 
 
-@dataclass(frozen=True)
-class ShapedLink:
-    """The shaper a link probe runs behind (the defaults: none). Its rate sizes the probe's
-    chunks; its burst, which the simulator spends itself, is left out of the rate."""
-
-    payload_bytes_per_s: float = 0.0
-    burst_bytes: int = 0
-
-    @classmethod
-    def at(cls, mbit: float) -> ShapedLink:
-        return cls(payload_bytes_per_s(mbit), burst_payload_bytes(mbit))
-
-    def chunk_bytes(self, chunks_into_node: int) -> int:
-        """Bytes per rank for a gather that moves ``chunks_into_node`` chunks into a node."""
-        return max(LINK_CHUNK, math.ceil(self.payload_bytes_per_s * PROBE_TRANSFER_S / chunks_into_node))
+def chunk_bytes(chunks_into_node: int, shaped_bytes_per_s: float = 0.0) -> int:
+    """Bytes per rank of a link probe whose gather moves ``chunks_into_node`` chunks into a
+    node: ``LINK_CHUNK``, or on a link shaped to ``shaped_bytes_per_s`` of payload enough to
+    cross in ``PROBE_TRANSFER_S``."""
+    return max(LINK_CHUNK, math.ceil(shaped_bytes_per_s * PROBE_TRANSFER_S / chunks_into_node))
 
 
-def _loaded_rate(segment, group, size: int, chunks_into_node: int, link: ShapedLink) -> tuple[float, float]:
+def _loaded_rate(segment, group, size: int, chunks_into_node: int, shaped_bytes_per_s: float) -> tuple[float, float]:
     """(seconds a one-byte all-gather on ``group`` waits after compute, payload bytes per
-    second into a node of a gather of ``link``'s chunks beyond that wait and its burst)."""
-    chunk_bytes = link.chunk_bytes(chunks_into_node)
-    dist.barrier()
-    empty = _wait_after_compute(segment, group, 1, size)
-    chunk = _wait_after_compute(segment, group, chunk_bytes, size)
-    # A one-byte round that ran slow cannot leave the transfer under half the chunk's wait.
-    transfer = max(chunk - empty, chunk / 2)
-    # The bucket refilled during the compute, and the link's rate refills it while the
-    # burst drains: the gather ends when burst + rate x transfer covers its bytes.
-    return empty, (chunks_into_node * chunk_bytes - link.burst_bytes) / transfer
+    second into a node of a gather of ``chunk_bytes`` beyond that wait), the medians of
+    ``LOADED_PROBES`` probes."""
+    numel = chunk_bytes(chunks_into_node, shaped_bytes_per_s)
+    empties, rates = [], []
+    for _ in range(LOADED_PROBES):
+        dist.barrier()
+        empty = _wait_after_compute(segment, group, 1, size)
+        chunk = _wait_after_compute(segment, group, numel, size)
+        # A one-byte round that ran slow cannot leave the transfer under half the chunk's wait.
+        empties.append(empty)
+        rates.append(chunks_into_node * numel / max(chunk - empty, chunk / 2))
+    return statistics.median(empties), statistics.median(rates)
 
 
-def _loaded_link(segment, topology: Topology, link: ShapedLink = ShapedLink()) -> tuple[float, float, float]:
+def _loaded_link(segment, topology: Topology, shaped_bytes_per_s: float = 0.0) -> tuple[float, float, float]:
     """(seconds a one-byte world all-gather waits after compute, the adapter's payload
     rate in a world gather (one flow across the link each way), and in gathers among each
     rank's peers on the other nodes (a flow per rank of the node))."""
     layout = topology.layout
     empty, adapter = _loaded_rate(segment, topology.group("world").handle, topology.world_size,
-                                  ring_bytes_into_node(layout, 1), link)
+                                  ring_bytes_into_node(layout, 1), shaped_bytes_per_s)
     peers = topology.group("inter_node")
     _, parallel = _loaded_rate(segment, peers.handle, peers.size, ring_bytes_into_node(
-        layout, 1, lambda rank: layout.inter_node_ranks(layout.local_index_of(rank))), link)
+        layout, 1, lambda rank: layout.inter_node_ranks(layout.local_index_of(rank))), shaped_bytes_per_s)
     return empty, adapter, parallel
 
 
@@ -208,11 +203,10 @@ def _model(model_size: str, precision: str) -> GPT:
 
 
 def measure_link(model_size: str, tokens: tuple[int, int], precision: str, topology: Topology, mbit: float) -> dict:
-    """The adapter alone, the loaded way, behind a shaper of ``mbit``."""
-    link = ShapedLink.at(mbit)
-    _, adapter, parallel = _loaded_link(_unit_forward(_model(model_size, precision), tokens), topology, link)
-    return {"adapter_bytes_per_s": adapter, "parallel_flows_adapter_bytes_per_s": parallel,
-            "adapter_burst_bytes": link.burst_bytes}
+    """The adapter alone, the loaded way, on a link shaped to ``mbit``."""
+    _, adapter, parallel = _loaded_link(_unit_forward(_model(model_size, precision), tokens), topology,
+                                        payload_bytes_per_s(mbit))
+    return {"adapter_bytes_per_s": adapter, "parallel_flows_adapter_bytes_per_s": parallel}
 
 
 def _compute(model: GPT, tokens: tuple[int, int], topology: Topology) -> dict:
@@ -282,10 +276,9 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
 def link_source(shaped: bool = False) -> str:
     chunk = (f"chunks of at least {LINK_CHUNK / 2**20:g} MB per rank, sized to cross in {PROBE_TRANSFER_S:g} s at the "
              "shaper's rate," if shaped else f"a {LINK_CHUNK / 2**20:g} MB-per-rank")
-    burst = " and the shaper's burst" if shaped else ""
     return (f"the ring's payload bytes into a node of {chunk} world all-gather right after one unit's forward, "
-            f"over its wait beyond a 1-byte one's{burst} (each rank's median of {LOADED_ROUNDS} rounds, the mean "
-            "over ranks)")
+            f"over its wait beyond a 1-byte one's (each rank's median of {LOADED_ROUNDS} rounds, the mean over "
+            f"ranks; the median of {LOADED_PROBES} such probes)")
 
 
 def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, source: dict) -> dict:
@@ -337,8 +330,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--link-only", action="store_true",
                         help="measure the adapter alone (on a shaped cluster): writes {adapter_bytes_per_s, source}")
-    parser.add_argument("--shaped-mbit", type=float,
-                        help="with --link-only: the shaper's rate, which sizes the probe and whose burst it leaves out")
+    parser.add_argument("--shaped-mbit", type=float, help="with --link-only: the shaper's rate, which sizes the probe")
     arguments = parser.parse_args()
     if arguments.link_only and arguments.shaped_mbit is None:
         parser.error("--link-only needs --shaped-mbit: the shaper's rate sizes the probe")

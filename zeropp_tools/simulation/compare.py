@@ -16,7 +16,7 @@ from pathlib import Path
 from zeropp.simulate.hardware import Hardware
 from zeropp.simulate.schedule import Schedule
 from zeropp.simulate.simulator import simulate
-from zeropp_tools.cluster import TCP_PAYLOAD_SHARE, ClusterSpec, burst_payload_bytes, payload_bytes_per_s, shaped_mbit
+from zeropp_tools.cluster import ClusterSpec, payload_bytes_per_s, shaped_mbit
 from zeropp_tools.cluster.runner import run_on_cluster
 
 CALIBRATION = ["-m", "zeropp_tools.simulation.calibrate"]
@@ -62,20 +62,14 @@ def _run_calibration(spec: ClusterSpec, train_arguments: list[str], out: Path, e
 def link_hardware(hardware: Hardware, bandwidth: str, probes: dict | None = None) -> Hardware:
     """The calibrated cluster with its link shaped to ``bandwidth`` Mbit/s ("none": as
     measured): at the rate ``probes`` measured there, else at the shaper's rate less TCP's
-    headers (the shaper counts whole frames); behind the shaper's bucket, whose burst runs
-    at the unshaped link's rate. A probe that kept no burst (those before the bucket was
-    simulated) measured its rate with the burst in it and is replayed without a bucket."""
+    headers (the shaper counts whole frames)."""
     mbit = shaped_mbit(bandwidth)
     if mbit is None:
         return hardware
     if probes and bandwidth in probes:
         probe = probes[bandwidth]
-        shaped = hardware.with_adapters(1, probe["adapter_bytes_per_s"], probe.get("parallel_flows_adapter_bytes_per_s"))
-        burst = probe.get("adapter_burst_bytes", 0)
-    else:
-        shaped = hardware.with_adapters(1, payload_bytes_per_s(mbit) / hardware.link_efficiency)  # the description applies its own
-        burst = burst_payload_bytes(mbit)
-    return shaped.with_token_bucket(burst, hardware.inter_node_bytes_per_s) if burst else shaped
+        return hardware.with_adapters(1, probe["adapter_bytes_per_s"], probe.get("parallel_flows_adapter_bytes_per_s"))
+    return hardware.with_adapters(1, payload_bytes_per_s(mbit) / hardware.link_efficiency)  # the description applies its own
 
 
 def simulated_comparison(report: dict, schedules: Path, hardware: Hardware, probes: dict | None = None) -> list[dict]:
