@@ -311,16 +311,28 @@ def _loaded_probe(rank, world_size):
     return calibrate._loaded_link(lambda: time.sleep(0.05 if rank == 0 else 0.0), topology)
 
 
-def test_a_shaped_links_probe_lasts_long_enough_to_dwarf_the_arrival_skew():
+def test_a_shaped_links_probe_lasts_long_enough_to_dwarf_the_arrival_skew(monkeypatch, tmp_path):
     from zeropp_tools.cluster import payload_bytes_per_s
-    from zeropp_tools.simulation.calibrate import LINK_CHUNK, PROBE_TRANSFER_S, chunk_bytes
+    from zeropp_tools.simulation import compare
+    from zeropp_tools.simulation.calibrate import LINK_CHUNK, PROBE_TRANSFER_S, probe_chunk_bytes
 
-    assert chunk_bytes(3) == LINK_CHUNK  # unshaped: a unit's share, as a step gathers it
-    assert chunk_bytes(3, payload_bytes_per_s(50)) == LINK_CHUNK  # 3 MB take half a second at 50 Mbit/s
+    assert probe_chunk_bytes(3) == LINK_CHUNK  # unshaped: a unit's share, as a step gathers it
+    assert probe_chunk_bytes(0) == probe_chunk_bytes(0, 1e8) == LINK_CHUNK  # one node: nothing crosses
+    assert probe_chunk_bytes(3, payload_bytes_per_s(50)) == LINK_CHUNK  # 3 MB take half a second at 50 Mbit/s
     fast = payload_bytes_per_s(1000)
     for chunks in (2, 3):  # a flow per rank, the world ring (on 2 x 2)
-        assert chunks * chunk_bytes(chunks, fast) == pytest.approx(fast * PROBE_TRANSFER_S, abs=chunks)
-        assert chunk_bytes(chunks, fast) > 1.9 * LINK_CHUNK
+        assert chunks * probe_chunk_bytes(chunks, fast) == pytest.approx(fast * PROBE_TRANSFER_S, abs=chunks)
+        assert probe_chunk_bytes(chunks, fast) > 3 * LINK_CHUNK
+    # The benchmark tells each shaped link's probe the shaper's rate.
+    calls = []
+
+    def calibration(spec, arguments, out, extra):
+        calls.append((spec.bandwidth_mbit, extra))
+        out.write_text('{"adapter_bytes_per_s": 1.0}')
+
+    monkeypatch.setattr(compare, "_run_calibration", calibration)
+    compare.probe_shaped_links(2, 2, [], ["none", "1000"], tmp_path / "probes.json")
+    assert calls == [(1000.0, ["--link-only", "--shaped-mbit", "1000.0"])]
 
 
 def test_the_loaded_probe_waits_for_the_slowest_ranks_compute():

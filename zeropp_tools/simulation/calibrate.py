@@ -9,7 +9,8 @@ rank measures at the same time, so each sees the machine as a training job share
     intra-node bandwidth    all-gather of 8 MB per rank inside the node
     step latencies          one-byte all-gathers inside the node and across nodes
     arrival skew            } each rank runs one unit's forward, then waits on a world
-    adapter                 } all-gather (1 byte; 1 MB per rank), round after round
+    adapter                 } all-gather (1 byte; 1 MB per rank, or on a shaped link
+                            } enough to cross in 0.1 s), round after round; median of 3
     adapter, parallel flows the same with each rank gathering among its peers on the other
                             nodes (every rank of a node a flow across the link at once)
     host receive rates      the unshaped links' rates: loopback links are the cores' copies
@@ -51,8 +52,8 @@ from zeropp.topology import Layout, Topology
 from zeropp_tools.cluster import payload_bytes_per_s
 
 REPEATS = 5
-# A link's rate is its fastest probe (noise on shared cores only slows one), as auto mode's
-# probe keeps the fastest of three: single 8 MB probes inside a node read 65 MB/s in one
+# An idle probe's rate (intra-node gathers, 1-byte latencies) is its fastest (noise on shared
+# cores only slows one), as auto mode's probe keeps the fastest of three: single 8 MB probes inside a node read 65 MB/s in one
 # calibration and 234-249 MB/s in the next two, minutes apart on an idle machine.
 PROBES = 3
 # Alone/beside pairs of the slowdown probe. Its median over 3 pairs read 7%, 18% and 37% in
@@ -153,25 +154,27 @@ def _wait_after_compute(segment, group, numel: int, size: int) -> float:
     return _mean_over_ranks(statistics.median(waits))
 
 
-def chunk_bytes(chunks_into_node: int, shaped_bytes_per_s: float = 0.0) -> int:
+def probe_chunk_bytes(chunks_into_node: int, shaped_bytes_per_s: float = 0.0) -> int:
     """Bytes per rank of a link probe whose gather moves ``chunks_into_node`` chunks into a
-    node: ``LINK_CHUNK``, or on a link shaped to ``shaped_bytes_per_s`` of payload enough to
-    cross in ``PROBE_TRANSFER_S``."""
+    node (0 on one node): ``LINK_CHUNK``, or on a link shaped to ``shaped_bytes_per_s`` of
+    payload enough to cross in ``PROBE_TRANSFER_S``."""
+    if not (shaped_bytes_per_s and chunks_into_node):
+        return LINK_CHUNK
     return max(LINK_CHUNK, math.ceil(shaped_bytes_per_s * PROBE_TRANSFER_S / chunks_into_node))
 
 
 def _loaded_rate(segment, group, size: int, chunks_into_node: int, shaped_bytes_per_s: float) -> tuple[float, float]:
     """(seconds a one-byte all-gather on ``group`` waits after compute, payload bytes per
-    second into a node of a gather of ``chunk_bytes`` beyond that wait), the medians of
-    ``LOADED_PROBES`` probes."""
-    numel = chunk_bytes(chunks_into_node, shaped_bytes_per_s)
+    second into a node of a gather of ``probe_chunk_bytes`` per rank beyond that wait), the
+    medians of ``LOADED_PROBES`` probes."""
+    numel = probe_chunk_bytes(chunks_into_node, shaped_bytes_per_s)
     empties, rates = [], []
     for _ in range(LOADED_PROBES):
         dist.barrier()
         empty = _wait_after_compute(segment, group, 1, size)
         chunk = _wait_after_compute(segment, group, numel, size)
-        # A one-byte round that ran slow cannot leave the transfer under half the chunk's wait.
         empties.append(empty)
+        # A one-byte round that ran slow cannot leave the transfer under half the chunk's wait.
         rates.append(chunks_into_node * numel / max(chunk - empty, chunk / 2))
     return statistics.median(empties), statistics.median(rates)
 
@@ -275,8 +278,8 @@ def measure(model_size: str, tokens: tuple[int, int], precision: str, topology: 
 
 def link_source(shaped: bool = False) -> str:
     chunk = (f"chunks of at least {LINK_CHUNK / 2**20:g} MB per rank, sized to cross in {PROBE_TRANSFER_S:g} s at the "
-             "shaper's rate," if shaped else f"a {LINK_CHUNK / 2**20:g} MB-per-rank")
-    return (f"the ring's payload bytes into a node of {chunk} world all-gather right after one unit's forward, "
+             "shaper's payload rate" if shaped else f"{LINK_CHUNK / 2**20:g} MB per rank")
+    return (f"the ring's payload bytes into a node of a world all-gather of {chunk}, right after one unit's forward, "
             f"over its wait beyond a 1-byte one's (each rank's median of {LOADED_ROUNDS} rounds, the mean over "
             f"ranks; the median of {LOADED_PROBES} such probes)")
 
@@ -300,12 +303,13 @@ def describe(measured: dict, arguments: argparse.Namespace, topology: Topology, 
             "intra_node_step_latency_s": f"a 1-byte all-gather inside the node over its G - 1 steps, {where}",
             "inter_node_step_latency_s": f"a 1-byte world all-gather less its intra-node steps, {where}",
             "arrival_skew_s": f"what a 1-byte world all-gather right after one unit's forward waits (each rank's median of "
-                              f"{LOADED_ROUNDS} rounds, the mean over ranks) beyond the idle ring steps, {where}",
+                              f"{LOADED_ROUNDS} rounds, the mean over ranks; the median of {LOADED_PROBES} such probes) "
+                              f"beyond the idle ring steps, {where}",
             "host_receive_intra_node_bytes_per_s": "the intra-node rate: the cores copy every byte of a veth link",
             "host_receive_inter_node_bytes_per_s": "the unshaped adapter rate: the cores copy every byte of a veth "
                                                    "link; a shaped link's own rate is the wire's, not the cores'",
             "adapter_bytes_per_s": f"{link_source()} on the unshaped link, {where}; a shaped run replaces it with the same "
-                                   "probe on the shaped link",
+                                   "probe on the shaped link, its chunks sized to the shaper's rate",
             "link_efficiency": "1: the adapter is measured as payload bytes",
             "parallel_flows_adapter_bytes_per_s": f"the same probe with each rank gathering among its peers on the other "
                                                   f"nodes, {where}; a shaped run probes it there too",
@@ -332,8 +336,8 @@ def main() -> int:
                         help="measure the adapter alone (on a shaped cluster): writes {adapter_bytes_per_s, source}")
     parser.add_argument("--shaped-mbit", type=float, help="with --link-only: the shaper's rate, which sizes the probe")
     arguments = parser.parse_args()
-    if arguments.link_only and arguments.shaped_mbit is None:
-        parser.error("--link-only needs --shaped-mbit: the shaper's rate sizes the probe")
+    if arguments.link_only != (arguments.shaped_mbit is not None):
+        parser.error("--link-only and --shaped-mbit go together: the shaped link's probe is sized to the shaper's rate")
     torch.set_num_threads(1)
     init_from_torchrun()
     topology = Topology.from_environment()

@@ -41,7 +41,7 @@ def probe_shaped_links(nodes: int, ranks_per_node: int, train_arguments: list[st
             continue
         path = out.with_name(f"link-{bandwidth}.json")
         _run_calibration(ClusterSpec(nodes, ranks_per_node, mbit), train_arguments, path,
-                         ["--link-only", "--shaped-mbit", f"{mbit:g}"])
+                         ["--link-only", "--shaped-mbit", str(mbit)])
         probes[bandwidth] = json.loads(path.read_text())
         path.unlink()
     out.write_text(json.dumps(probes, indent=2) + "\n")
