@@ -53,8 +53,9 @@ from zeropp_tools.cluster import payload_bytes_per_s
 
 REPEATS = 5
 # An idle probe's rate (intra-node gathers, 1-byte latencies) is its fastest (noise on shared
-# cores only slows one), as auto mode's probe keeps the fastest of three: single 8 MB probes inside a node read 65 MB/s in one
-# calibration and 234-249 MB/s in the next two, minutes apart on an idle machine.
+# cores only slows one), as auto mode's probe keeps the fastest of three: single 8 MB probes
+# inside a node read 65 MB/s in one calibration and 234-249 MB/s in the next two, minutes
+# apart on an idle machine.
 PROBES = 3
 # Alone/beside pairs of the slowdown probe. Its median over 3 pairs read 7%, 18% and 37% in
 # three calibrations of one afternoon with the same code. A pair is 12 steps of the GPT.
