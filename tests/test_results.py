@@ -161,11 +161,15 @@ def test_the_readme_throughput_line_comes_from_the_full_matrix_and_states_auto_m
                                "50": {"zero3": 100.0, "zero++": 500.0, "hpz": 300.0, **peers}}))
     _write(tmp_path, "full/auto/throughput.json",
            _throughput_report({"none": {"zero3": 2000.0, "zero++": 1800.0, "auto": 1900.0}}))
-    _write(tmp_path, "full/auto_50/throughput.json",
-           _throughput_report({"50": {"zero3": 100.0, "zero++": 500.0, "auto": 450.0}}))
+    auto_50 = _throughput_report({"50": {"zero3": 100.0, "zero++": 500.0, "auto": 450.0}})
+    _write(tmp_path, "full/auto_50/throughput.json", auto_50)
     words = " ".join(throughput_bullet(StoredResults(tmp_path)).split())
     assert "at 50 Mbit/s ZeRO++ trains at 5.00x" in words
     assert "auto mode unshaped 0.95x, 50 Mbit/s 0.90x of the best scheme it can choose" in words
+    auto_50["provenance"]["machine"] = {**MACHINE, "cpu_model": "Other CPU"}  # a later sitting's machine
+    _write(tmp_path, "full/auto_50/throughput.json", auto_50)
+    words = " ".join(throughput_bullet(StoredResults(tmp_path)).split())
+    assert "auto mode unshaped 0.95x, 50 Mbit/s 0.90x (on Other CPU) of the best scheme" in words
     table = throughput_auto(StoredResults(tmp_path))
     assert "| unshaped | 1,900 | zero++ | zero3 | 2,000 | 0.95x |" in table
     assert "| 50 Mbit/s | 450 | zero++ | zero++ | 500 | 0.90x |" in table
