@@ -350,6 +350,23 @@ def test_accumulation_bench_measures_each_cell_once_per_repetition_and_states_th
     assert accumulation.ratios(report)["200/1"]["vs_every_micro_step"] == pytest.approx(1.0)
 
 
+def test_accumulation_bound_hides_one_micro_steps_compute_and_adds_the_rest_of_the_link():
+    from zeropp_tools.bench import accumulation
+    from zeropp_tools.cluster.emulated import payload_bytes_per_s
+
+    rate = payload_bytes_per_s(50)
+    # Limit: 8 micro-steps of 0.5 s, 1000 tokens/s. Rank 0 receives 0.75 s of the link's bytes,
+    # node 0 (two ranks) 1.5 s: 0.5 s hidden, 1 s added to the 4 s step.
+    report = {"layout": "2x2",
+              "runs": {"none/8/zero3": [{"tokens_per_s": 1000.0, "median_step_s": 4.0}],
+                       "50/8/deltas": [{"tokens_per_s": 700.0, "rank0_inter_node_bytes_per_step": 0.75 * rate}]},
+              "results": {"50/8/deltas": {"tokens_per_s": 700.0}, "50/8/zero++-every-micro-step": {"tokens_per_s": 400.0}}}
+    bound = accumulation.overlap_bound(report, "50", 8, "deltas")
+    assert bound["link_s"] == pytest.approx(1.5) and bound["hidden_s"] == pytest.approx(0.5)
+    assert bound["fastest_step_s"] == pytest.approx(5.0) and bound["fastest_tokens_per_s"] == pytest.approx(800.0)
+    assert "2.00x reducing every micro-step" in accumulation.bound_markdown(report, "50", 8, "deltas")
+
+
 def test_replan_recovery_counts_medians_of_five_steps_not_one_noisy_step():
     from zeropp_tools.bench.replan import steps_to_recover
 

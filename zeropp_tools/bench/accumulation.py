@@ -23,6 +23,7 @@ from pathlib import Path
 from zeropp_tools.bench.cells import PEERS, is_variant, measure, measure_peer
 from zeropp_tools.bench.provenance import chosen_precision, provenance
 from zeropp_tools.cluster import ClusterSpec, shaped_mbit
+from zeropp_tools.cluster.emulated import payload_bytes_per_s
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,48 @@ def ratios(report: dict) -> dict:
                     entry[f"vs_{variant}"] = ours / value
             table[f"{bandwidth}/{k}"] = entry
     return table
+
+
+def overlap_bound(report: dict, bandwidth: str, k: int, variant: str) -> dict:
+    """The fastest any exact schedule could run ``variant`` in the (``bandwidth``, k) cell,
+    from the cell's own runs and the limit's.
+
+    With node accumulation the link carries two things per optimizer step: the weights, which
+    exist only after the optimizer step and are all needed before the first micro-step's
+    backward, and the node sums, which exist only as the last micro-step's backward makes
+    them. So only the first forward and the last backward, one micro-step's compute (the
+    limit's step / k), can hide the link's time; the rest of it adds to the limit's step.
+    Node 0's bytes are rank 0's times the node's ranks: true where every rank of a node
+    receives alike across nodes, as with the delta gather (each local index exchanges with
+    its peers), not with a ring gather over the world (there one rank per node receives)."""
+    def median(cell: str, field: str) -> float:
+        return statistics.median(run[field] for run in report["runs"][cell] if field in run)
+
+    limit_cell, cell = _key(UNSHAPED, k, LIMIT), _key(bandwidth, k, variant)
+    limit_step_s = median(limit_cell, "median_step_s")
+    tokens_per_step = median(limit_cell, "tokens_per_s") * limit_step_s
+    ranks_per_node = int(report["layout"].split("x")[1])
+    node_bytes = ranks_per_node * median(cell, "rank0_inter_node_bytes_per_step")  # into node 0, by symmetry
+    link_s = node_bytes / payload_bytes_per_s(shaped_mbit(bandwidth))
+    hidden_s = limit_step_s / k
+    fastest_step_s = limit_step_s + max(0.0, link_s - hidden_s)
+    every_micro_step = report["results"][_key(bandwidth, k, EVERY_MICRO_STEP)]["tokens_per_s"]
+    return {"node_bytes": node_bytes, "link_s": link_s, "limit_step_s": limit_step_s, "hidden_s": hidden_s,
+            "fastest_step_s": fastest_step_s, "fastest_tokens_per_s": tokens_per_step / fastest_step_s,
+            "measured_tokens_per_s": report["results"][cell]["tokens_per_s"], "every_micro_step": every_micro_step}
+
+
+def bound_markdown(report: dict, bandwidth: str, k: int, variant: str) -> str:
+    bound = overlap_bound(report, bandwidth, k, variant)
+    every = bound["every_micro_step"]
+    return (f"At {bandwidth} Mbit/s with k = {k} ({variant}), node 0's link carries "
+            f"{bound['node_bytes'] / 1e6:.2f} MB per optimizer step, {bound['link_s']:.2f} s at the shaper's "
+            f"payload rate; one micro-step's compute, {bound['hidden_s']:.2f} s of the limit's "
+            f"{bound['limit_step_s']:.2f} s step, is all that can hide it. The fastest possible step is then "
+            f"{bound['fastest_step_s']:.2f} s, {bound['fastest_tokens_per_s']:,.0f} tokens/s: "
+            f"{bound['fastest_tokens_per_s'] / every:.2f}x reducing every micro-step "
+            f"({every:,.0f} tokens/s). Measured: {bound['measured_tokens_per_s']:,.0f} tokens/s, "
+            f"{bound['measured_tokens_per_s'] / every:.2f}x.")
 
 
 def markdown(report: dict) -> str:

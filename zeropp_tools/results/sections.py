@@ -217,6 +217,12 @@ def accumulation_study(results) -> str:
     return accumulation.header(report) + accumulation.markdown(report)
 
 
+def accumulation_bound(results) -> str:
+    """How close the delta run at 50 Mbit/s comes to the fastest any exact schedule could be."""
+    report = results.load("accumulation_deltas/accumulation.json")
+    return (f"{_source(report)}: " + accumulation.bound_markdown(report, "50", 8, "deltas"))
+
+
 def memory_table(results) -> str:
     report = results.load(f"{QUICK}/memory/memory.json")
     return _without_title(memory_markdown(report))
@@ -301,6 +307,7 @@ SECTIONS: dict[str, Callable] = {
     "throughput-auto": throughput_auto,
     "accumulation-table": accumulation_table,
     "accumulation-study": accumulation_study,
+    "accumulation-bound": accumulation_bound,
     "memory-table": memory_table,
     "memory-study": memory_study,
     "dryrun-table": dryrun_table,
