@@ -191,7 +191,8 @@ def throughput_auto(results) -> str:
     headers = []
     for path in AUTO_RUNS:
         report = results.load(path)
-        headers.append(throughput.header(report).strip())
+        links = ", ".join(_label(bandwidth) for bandwidth in report["ratios"])
+        headers.append(f"{links[0].upper()}{links[1:]}: {throughput.header(report).strip()}")
         for bandwidth, entry in report["ratios"].items():
             row = report["results"][bandwidth]
             auto, best = row["auto"], row[entry["best_fixed"]]
