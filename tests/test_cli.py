@@ -352,7 +352,7 @@ def test_accumulation_bench_measures_each_cell_once_per_repetition_and_states_th
 
 def test_accumulation_bound_hides_one_micro_steps_compute_and_adds_the_rest_of_the_link():
     from zeropp_tools.bench import accumulation
-    from zeropp_tools.cluster.emulated import payload_bytes_per_s
+    from zeropp_tools.cluster import payload_bytes_per_s
 
     rate = payload_bytes_per_s(50)
     # Limit: 8 micro-steps of 0.5 s, 1000 tokens/s. Rank 0 receives 0.75 s of the link's bytes,

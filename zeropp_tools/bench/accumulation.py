@@ -22,8 +22,7 @@ from pathlib import Path
 
 from zeropp_tools.bench.cells import PEERS, is_variant, measure, measure_peer
 from zeropp_tools.bench.provenance import chosen_precision, provenance
-from zeropp_tools.cluster import ClusterSpec, shaped_mbit
-from zeropp_tools.cluster.emulated import payload_bytes_per_s
+from zeropp_tools.cluster import ClusterSpec, payload_bytes_per_s, shaped_mbit
 
 logger = logging.getLogger(__name__)
 

@@ -221,7 +221,7 @@ def accumulation_study(results) -> str:
 def accumulation_bound(results) -> str:
     """How close the delta run at 50 Mbit/s comes to the fastest any exact schedule could be."""
     report = results.load("accumulation_deltas/accumulation.json")
-    return (f"{_source(report)}: " + accumulation.bound_markdown(report, "50", 8, "deltas"))
+    return f"{_source(report)}: " + accumulation.bound_markdown(report, "50", 8, "deltas")
 
 
 def memory_table(results) -> str:
