@@ -7,7 +7,9 @@ Variants: ``plain`` (fully_shard over the world, reshard after forward), ``resha
 shard inside the node, replicate across nodes), and ``plain-prefetch`` / ``hsdp-prefetch``:
 the same with explicit prefetching, each block gathering the next one in forward and the
 previous one in backward. FSDP2 overlaps through CUDA streams; on CPU there are none, so
-only explicit prefetching lets a gather run under compute. Same model, data, optimizer, precision and
+only explicit prefetching lets a gather run under compute. ``hsdp-kept``: HSDP whose
+accumulation keeps the unsharded weights between micro-steps (``set_reshard_after_forward``
+and ``set_reshard_after_backward`` False until the last), as torchtitan does. Same model, data, optimizer, precision and
 step timing as ``zeropp train`` (peer_training.py); rank 0 writes ``summary.json``.
 """
 
@@ -24,7 +26,7 @@ from peer_training import Batch, parse_arguments, train_and_report
 from zeropp.config import parse_dtype
 from zeropp.models import GPT, GPTConfig
 
-VARIANTS = ("plain", "reshard-node", "hsdp", "plain-prefetch", "hsdp-prefetch")
+VARIANTS = ("plain", "reshard-node", "hsdp", "plain-prefetch", "hsdp-prefetch", "hsdp-kept")
 
 
 def shard(model: GPT, variant: str, world_size: int, per_node: int, dtype: torch.dtype) -> None:
@@ -62,7 +64,11 @@ def main() -> None:
         # all-reduce across nodes) of the sum.
         total = torch.zeros(())
         for index, (inputs, targets) in enumerate(micro_batches):
-            model.set_requires_gradient_sync(index == len(micro_batches) - 1)
+            last = index == len(micro_batches) - 1
+            model.set_requires_gradient_sync(last)
+            if args.variant.endswith("-kept"):
+                model.set_reshard_after_forward(last)
+                model.set_reshard_after_backward(last)
             loss = model(inputs, targets) / len(micro_batches)
             loss.backward()
             total += loss.detach().float()

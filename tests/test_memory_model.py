@@ -20,7 +20,8 @@ CONFIGS = {
 }
 # Accumulating two micro-batches per step, the first under no_sync: rank r keeps the node's
 # sums of its 1/D slice (M/D) through the forward and backward of both micro-steps.
-NODE_ACCUMULATION = {"zero++ k=2": "zero++", "zero3 k=2": "zero3"}
+NODE_ACCUMULATION = {"zero++ k=2": "zero++", "zero3 k=2": "zero3", "zero++ k=2 kept weights": "zero++"}
+KEPT = {"zero++ k=2 kept weights": "zero++ k=2"}  # keep_weights_between_micro_steps: every unit stays gathered
 
 
 def measure_all(rank, world_size):
@@ -39,8 +40,8 @@ def measure_phases(topology, rank, name):
             for block in module.blocks:
                 block.attn.requires_grad_(False)
         accumulating = name in NODE_ACCUMULATION
-        model = ShardedModel(module, topology, ZeroConfig(**CONFIGS[NODE_ACCUMULATION.get(name, name)]),
-                             unit_classes=(Block,))
+        options = {**CONFIGS[NODE_ACCUMULATION.get(name, name)], "keep_weights_between_micro_steps": name in KEPT}
+        model = ShardedModel(module, topology, ZeroConfig(**options), unit_classes=(Block,))
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
         peaks = {"forward": [], "backward": [], "optimizer_step": []}
         for step in range(10):  # measure from the second step: caches and copies exist, and old gradients
@@ -94,3 +95,18 @@ def test_node_accumulation_costs_what_the_model_predicts_beside_reducing_every_m
             assert predicted_cost >= predicted_on[phase]["node_sums"] > 0
             assert abs(measured_cost - predicted_cost) <= 0.2 * predicted_cost, (phase, measured_cost, predicted_cost)
         assert abs(accumulating["resting"] - plain["resting"]) <= 0.01 * plain["resting"]
+
+
+@pytest.mark.parametrize("name", list(KEPT))
+def test_kept_weights_cost_what_the_model_predicts(measurements, name):
+    # Every unit gathered through both micro-steps, beside node accumulation alone: in
+    # forward the units beyond the one computing and the one prefetched (the backward peak is
+    # held to the model by the test above), and nothing between steps.
+    for rank_results in measurements:
+        (kept, predicted_kept), (alone, predicted_alone) = rank_results[name], rank_results[KEPT[name]]
+        predicted_cost = predicted_kept["forward"]["total"] - predicted_alone["forward"]["total"]
+        measured_cost = kept["forward"] - alone["forward"]
+        assert predicted_cost > 0
+        assert abs(measured_cost - predicted_cost) <= 0.2 * predicted_cost, (measured_cost, predicted_cost)
+        assert kept["backward"] > alone["backward"]
+        assert abs(kept["resting"] - alone["resting"]) <= 0.01 * alone["resting"]

@@ -11,8 +11,13 @@ from zeropp.models import GPT, Block, GPTConfig
 MICRO_STEPS = (1, 2, 4, 8)
 # hpZ alone is the exact node-local copy of the weights: kept from an optimizer step's
 # first forward to its end, it serves every later gather inside the node.
+# keep_weights_between_micro_steps: every unit stays gathered from the first forward to
+# the backward with sync, so the weights cross nodes once per optimizer step without hpZ too.
 CONFIGS = {"zero3": {}, "hpz": dict(hpz_size=2),
-           "zero++": dict(quantized_weights=True, hpz_size=2, quantized_gradients=True)}
+           "zero++": dict(quantized_weights=True, hpz_size=2, quantized_gradients=True),
+           "zero3 kept weights": dict(keep_weights_between_micro_steps=True),
+           "zero++ kept weights": dict(quantized_weights=True, hpz_size=2, quantized_gradients=True,
+                                       keep_weights_between_micro_steps=True)}
 
 
 def bytes_per_optimizer_step(rank, world_size):
@@ -55,13 +60,15 @@ def test_bytes_match_the_prediction_and_cross_nodes_once(measured, name):
             got, predicted = rank_results[name, micro_steps]
             for phase, row in predicted.items():
                 for key in ("received_intra_node", "received_inter_node"):
-                    assert got[phase][key] == row[key], (name, micro_steps, phase, key, got[phase], row)
+                    measured_bytes = got.get(phase, {}).get(key, 0)  # a phase that moved nothing is not logged
+                    assert measured_bytes == row[key], (name, micro_steps, phase, key, got.get(phase), row)
             inter_node_gradients[micro_steps] = got["reduce_scatter"]["received_inter_node"]
         # Once per optimizer step whatever k; k = 1 reduces the usual way (zero3 on gloo: an
         # all-to-all over the world, (W - D) shards from other nodes where the node sums
         # bring N - 1).
         assert len({inter_node_gradients[k] for k in MICRO_STEPS if k > 1}) == 1, inter_node_gradients
-        if "hpz_size" in CONFIGS[name]:  # the weights too: everything crosses nodes once per optimizer step
+        if {"hpz_size", "keep_weights_between_micro_steps"} & set(CONFIGS[name]):
+            # the weights too: everything crosses nodes once per optimizer step
             inter_node = {k: sum(row["received_inter_node"] for row in rank_results[name, k][0].values())
                           for k in MICRO_STEPS if k > 1}
             assert len(set(inter_node.values())) == 1, inter_node
@@ -69,6 +76,23 @@ def test_bytes_match_the_prediction_and_cross_nodes_once(measured, name):
         assert rank_results[name, "cleared"]
         held, predicted = rank_results[name, "node_sums"]
         assert held == predicted > 0  # 1/D of the model in fp32: N * S per trainable flat
+
+
+def test_kept_weights_gather_once_per_optimizer_step(measured):
+    # Kept, a step of k micro-steps gathers what a step of one micro-step's forward does,
+    # inside the node as well.
+    for rank_results in measured:
+        for name in ("zero3", "zero++"):
+            kept = rank_results[f"{name} kept weights", 8][0]
+            gathered = {k: sum(rank_results[f"{name} kept weights", k][0].get(phase, {}).get(key, 0)
+                               for phase in ("forward_gather", "backward_gather")
+                               for key in ("received_intra_node", "received_inter_node")) for k in (2, 8)}
+            assert gathered[2] == gathered[8] > 0, (name, gathered)
+            assert "backward_gather" not in kept, kept
+            not_kept = sum(rank_results[name, 8][0].get(phase, {}).get(key, 0)
+                           for phase in ("forward_gather", "backward_gather")
+                           for key in ("received_intra_node", "received_inter_node"))
+            assert gathered[8] < not_kept / 8, (name, gathered, not_kept)
 
 
 OPTIMIZERS = {"sgd": lambda params: torch.optim.SGD(params, lr=0.5),
@@ -94,6 +118,7 @@ def exact_runs(rank, world_size, ranks_per_node):
     results = {}
     runs = [(name, micro_steps, ZeroConfig()) for name in OPTIMIZERS for micro_steps in EXACT_MICRO_STEPS]
     runs.append(("sgd", HPZ_MICRO_STEPS, ZeroConfig(hpz_size=ranks_per_node)))  # hpZ's copy gathers exact weights
+    runs.append(("adamw", HPZ_MICRO_STEPS, ZeroConfig(keep_weights_between_micro_steps=True)))
     for name, micro_steps, config in runs:
         model = ShardedModel(build_model(), topology, config, unit_classes=(Block,))
         optimizer = OPTIMIZERS[name](model.parameters())
@@ -112,7 +137,8 @@ def exact_runs(rank, world_size, ranks_per_node):
             losses.append(total.item() / world_size)
         with model.full_parameters(writeback=False):
             parameters = {name_: p.detach().clone() for name_, p in model.module.named_parameters()}
-        results[name, micro_steps, config.hpz_size > 1] = (losses, parameters)
+        variant = "hpz" if config.hpz_size > 1 else "kept weights" if config.keep_weights_between_micro_steps else ""
+        results[name, micro_steps, variant] = (losses, parameters)
     return results
 
 
@@ -137,9 +163,9 @@ def reference(name: str, micro_steps: int, world_size: int):
 @pytest.mark.parametrize("world_size,ranks_per_node", [(4, 2), (8, 4)], ids=["2x2", "2x4"])
 def test_the_exact_path_matches_one_process_accumulating_the_same_micro_batches(world_size, ranks_per_node):
     sharded = spawn_ranks(exact_runs, world_size, (ranks_per_node,))[0]
-    assert ("sgd", HPZ_MICRO_STEPS, True) in sharded
-    for name, micro_steps, hpz in sharded:
-        losses, parameters = sharded[name, micro_steps, hpz]
+    assert {("sgd", HPZ_MICRO_STEPS, "hpz"), ("adamw", HPZ_MICRO_STEPS, "kept weights")} <= set(sharded)
+    for name, micro_steps, variant in sharded:
+        losses, parameters = sharded[name, micro_steps, variant]
         expected_losses, expected_parameters = reference(name, micro_steps, world_size)
         for got, want in zip(losses, expected_losses):
             assert abs(got - want) <= 1e-5 * abs(want), (name, micro_steps, losses, expected_losses)
@@ -155,4 +181,4 @@ def test_the_exact_path_matches_one_process_accumulating_the_same_micro_batches(
             error = (got - want).norm() / want.norm()
             if error > PARAMETER_TOLERANCE[name]:
                 bad[parameter] = error.item()
-        assert not bad, (name, micro_steps, hpz, bad)
+        assert not bad, (name, micro_steps, variant, bad)

@@ -41,7 +41,8 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
                "gradient_scale_dtype"),
     "schedule": ("late_bits_from_step", "late_weight_bits", "late_gradient_bits_inter_node"),
     "auto": ("auto", "auto_probe_every"),
-    "engine": ("prefetch", "prefetch_units", "reductions_in_flight", "reshard_root_after_forward", "sync_module_states", "activation_checkpointing",
+    "engine": ("prefetch", "prefetch_units", "reductions_in_flight", "keep_weights_between_micro_steps",
+               "reshard_root_after_forward", "sync_module_states", "activation_checkpointing",
                "shard_alignment", "compile_quantization", "debug_collective_order"),
 }
 """The config's fields by what they configure (the README's options table follows it)."""
@@ -143,6 +144,12 @@ class ZeroConfig:
     """Gradient reductions in flight at once during backward; a new one first waits for the
     oldest (1, as in FSDP2: one reduction overlaps the next unit's backward). Each holds its
     unit's full-size gradient until its collective completes, so memory grows with it."""
+    keep_weights_between_micro_steps: bool = False
+    """Gradient accumulation under ``no_sync``: a unit gathered in a micro-step without
+    gradient sync stays gathered until the backward with sync frees it, so later
+    micro-steps gather nothing (FSDP2's ``set_reshard_after_backward(False)`` and
+    ``reshard_after_forward=False`` for those micro-steps). Costs every unit's full weights
+    in the compute dtype for the accumulation (M values per rank, as DDP)."""
     reshard_root_after_forward: bool = False
     """Free the root unit after forward; False keeps it for backward, which needs it first."""
     sync_module_states: bool = True

@@ -37,17 +37,19 @@ def predicted_step_bytes(
     the primary shards; later ones find the weights unchanged and gather as backward does
     (from hpZ's or the delta gather's copy inside the node, else the same way again). With
     ``node_accumulation`` (``model.no_sync()`` for all but the last) gradients cross nodes
-    once (``zeropp/reduce/node_accumulation.py``), else every micro-step reduces."""
+    once (``zeropp/reduce/node_accumulation.py``), else every micro-step reduces; with it and
+    ``keep_weights_between_micro_steps`` the first forward's gathers are the step's only ones."""
     gather, reduction = select_weight_gather(config), select_gradient_reduction(config)
+    gathers_once = node_accumulation and accumulation > 1 and config.keep_weights_between_micro_steps
     totals = {phase: Traffic() for phase in PHASES}
     quantized_hop = reduction if isinstance(reduction, QgzReduction) else None
     for flat in flats:
         shard, flat_gather = flat.shard_numel, gather.for_flat(flat.requires_grad)
         again = flat_gather.predicted_bytes(shard, layout, rank, "backward_gather")
         totals["forward_gather"] += flat_gather.predicted_bytes(shard, layout, rank, "forward_gather")
-        for _ in range(accumulation - 1):
+        for _ in range(0 if gathers_once else accumulation - 1):
             totals["forward_gather"] += again
-        if not flat.is_root or config.reshard_root_after_forward:
+        if not gathers_once and (not flat.is_root or config.reshard_root_after_forward):
             for _ in range(accumulation):
                 totals["backward_gather"] += again
         if not flat.requires_grad:

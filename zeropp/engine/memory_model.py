@@ -35,7 +35,8 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
     ``optimizer_state_bytes_per_value``: 8 for Adam's two fp32 moments, 4 for SGD with
     momentum, 0 without state. ``node_accumulation``: micro-steps under ``no_sync`` keep
     the node's sums of this rank's slices, fp32 [N, S] per trainable flat, until the last,
-    and reduce through the node's hop (``zeropp/reduce/node_accumulation.py``)."""
+    and reduce through the node's hop (``zeropp/reduce/node_accumulation.py``); with
+    ``keep_weights_between_micro_steps`` they keep every unit gathered as well."""
     config = model.active_config
     layout = model.topology.layout
     flats = model.flat_params()
@@ -94,6 +95,12 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
     if node_accumulation:
         node_sums = layout.num_nodes * sum(flat.shard_numel for flat in trainable) * FP32
         forward["node_sums"] = backward["node_sums"] = node_sums
+        if config.keep_weights_between_micro_steps:
+            # Every unit stays gathered, the computing one's values too. The peak is a
+            # backward without sync: it gathers nothing (no receive buffers) and makes no
+            # gradient shards; the one with sync frees each unit before its shard arrives.
+            forward["units_gathered"] = sum(full(unit) for unit in others) + receive
+            backward["units_gathered"], backward["gradient_shards"] = sum(full(unit) for unit in others), 0
     phases = {"resting": resting, "forward": forward, "backward": backward, "optimizer_step": step,
               "generation": generation}
     for components in phases.values():

@@ -228,6 +228,9 @@ class ShardedModel(TorchContract, nn.Module):
             flat.clear_grad()
         if self._accumulation is not None:
             self._accumulation.clear()
+        if self.config.keep_weights_between_micro_steps:  # an accumulation thrown away may leave units gathered
+            for unit in self.units:
+                self._free(unit)
 
     @contextlib.contextmanager
     def record_schedule(self):
@@ -256,6 +259,16 @@ class ShardedModel(TorchContract, nn.Module):
         if not requires_gradient_sync and self._accumulation is None:
             self._accumulation = NodeAccumulation(self.topology, self._comm, self.active_config.reduce_torch_dtype)
         self._gradient_sync = bool(requires_gradient_sync)
+
+    def _keeps_weights(self) -> bool:
+        """Whether gathered units stay gathered now (``keep_weights_between_micro_steps``):
+        through each micro-step without sync, and the forward of the one with sync after them;
+        its backward frees each unit as usual."""
+        if not self.config.keep_weights_between_micro_steps:
+            return False
+        if not self._gradient_sync:
+            return True
+        return not self._in_backward and self._accumulation is not None and self._accumulation.has_sums()
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -338,7 +351,7 @@ class ShardedModel(TorchContract, nn.Module):
             self._pinned.keep(unit)
             return None
         keep_root = unit.is_root and torch.is_grad_enabled() and not self.config.reshard_root_after_forward
-        if not keep_root:
+        if not keep_root and not self._keeps_weights():
             self._free(unit)
         return None
 
@@ -361,7 +374,8 @@ class ShardedModel(TorchContract, nn.Module):
     def _on_last_use(self, flat: FlatParam) -> None:
         """Backward is about to concatenate ``flat``'s parameter gradients: free the gathered
         values first, so they and the full-size gradient are never alive together."""
-        self._free_gathered(flat)
+        if not self._keeps_weights():
+            self._free_gathered(flat)
         self._frozen_release.trainable_done(flat)
 
     def _free_gathered(self, flat: FlatParam) -> None:
@@ -372,7 +386,8 @@ class ShardedModel(TorchContract, nn.Module):
         grad = full.grad  # [padded_numel], compute dtype
         full.grad = None
         self._nonfinite.observe(flat.name, grad)
-        flat.free_full(self._resting_state(flat))
+        if not self._keeps_weights():
+            flat.free_full(self._resting_state(flat))
         self._reductions.make_room()
         self._reductions.add(flat, self._start_reduction(flat, grad))
 
@@ -388,7 +403,8 @@ class ShardedModel(TorchContract, nn.Module):
         for flat in self.flat_params():
             flat.forget_uses()
         self._frozen_release.reset()
-        for unit in self.units:
-            self._free(unit)
+        if not self._keeps_weights():
+            for unit in self.units:
+                self._free(unit)
         self._backward_order.freeze()
         self._in_backward = False

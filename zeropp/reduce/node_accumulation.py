@@ -61,6 +61,10 @@ class NodeAccumulation:
         path only."""
         return NodeReduction(self, flat, grad, final, quantized_hop)
 
+    def has_sums(self) -> bool:
+        """Whether micro-steps without sync left node sums to send."""
+        return bool(self.buffers)
+
     def buffer_for(self, flat: "FlatParam") -> torch.Tensor:
         if flat.name not in self.buffers:
             self.buffers[flat.name] = torch.zeros(self.topology.num_nodes, flat.shard_numel, dtype=torch.float32,

@@ -62,6 +62,8 @@ def run(report: dict, out: Path) -> dict:
                 continue
             spec = ClusterSpec(nodes, ranks_per_node, shaped_mbit(bandwidth))
             arguments = [*report["train_arguments"], "--accumulation", str(k)]
+            if variant not in PEERS:
+                arguments += report.get("zeropp_arguments", [])
             try:
                 measured = (measure_peer if variant in PEERS else measure)(spec, variant, arguments)
             except RuntimeError as error:
@@ -184,7 +186,9 @@ def markdown(report: dict) -> str:
 
 def header(report: dict) -> str:
     source, machine = report["provenance"], report["provenance"]["machine"]
-    return (f"`zeropp bench accumulation`, layout {report['layout']}, {' '.join(report['train_arguments'])} "
+    zeropp_only = " ".join(report.get("zeropp_arguments", []))
+    zeropp_only = f" (zeropp's cells, the limit's too: {zeropp_only})" if zeropp_only else ""
+    return (f"`zeropp bench accumulation`, layout {report['layout']}, {' '.join(report['train_arguments'])}{zeropp_only} "
             f"({report['precision']['why']}), k = {report['accumulations']}; median of {report['repetitions']} "
             f"interleaved runs per cell; commit {source['git_commit']}, {machine['cpu_model']} ({machine['cores']} "
             f"cores, {', '.join(machine['cpu_flags'])}), torch {source['torch']}.\n\n")
@@ -244,6 +248,7 @@ def main(args) -> int:
     report = {"layout": f"{args.nodes}x{args.ranks_per_node}", "train_arguments": train_arguments,
               "precision": {"compute_dtype": precision, "why": why}, "bandwidths": args.bandwidths.split(","),
               "accumulations": accumulations, "variants": variants, "repetitions": args.repetitions,
+              "zeropp_arguments": ["--keep-weights-between-micro-steps"] if args.keep_weights_between_micro_steps else [],
               "provenance": provenance()}
     logger.info("%s", header(report).strip())
     return _write_report(run(report, out), out)

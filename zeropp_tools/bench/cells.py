@@ -117,6 +117,7 @@ PEERS = {
     "fsdp2-reshard-node": ("fsdp2_train.py", "reshard-node"),
     "fsdp2-hsdp": ("fsdp2_train.py", "hsdp"),
     "fsdp2-hsdp-prefetch": ("fsdp2_train.py", "hsdp-prefetch"),
+    "fsdp2-hsdp-kept": ("fsdp2_train.py", "hsdp-kept"),
     "deepspeed-zero3": ("deepspeed_train.py", "zero3"),
     "deepspeed-zero3-small-buckets": ("deepspeed_train.py", "zero3-small-buckets"),
     "deepspeed-zero++": ("deepspeed_train.py", "zero++"),

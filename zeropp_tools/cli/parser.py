@@ -282,6 +282,8 @@ def _add_bench_accumulation(bench) -> None:
     accumulation.add_argument("--variants", default="zero++,zero++-every-micro-step,deepspeed-zero++,fsdp2-hsdp",
                               help="comma-separated variants at each shaped bandwidth (ZeRO-3 unshaped is always run)")
     accumulation.add_argument("--repetitions", type=positive_int, default=3, help="runs of each cell, rotated order")
+    accumulation.add_argument("--keep-weights-between-micro-steps", action="store_true",
+                              help="zeropp's cells (the limit's too) keep every unit gathered through the accumulation")
     accumulation.add_argument("--steps", type=positive_int, default=6, help="optimizer steps per run")
     accumulation.add_argument("--untimed-steps", type=int, default=2, help="first steps left out of the median")
     accumulation.add_argument("--resume", action="store_true", help="measure what a stopped run in --out left")

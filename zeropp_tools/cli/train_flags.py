@@ -35,6 +35,7 @@ _SCHEME_FLAGS = {
     "hpz_size": "--hpz", "quantized_gradients": "--qgz", "gradient_grid_inter_node": "--gradient-grid",
     "weight_deltas": "--weight-deltas", "weight_delta_bits": "--weight-delta-bits", "auto": "--auto",
     "compile_quantization": "--compile-quantization", "prefetch_units": "--prefetch-units",
+    "keep_weights_between_micro_steps": "--keep-weights-between-micro-steps",
 }
 _GRADIENT_BITS = ("gradient_bits_intra_node", "gradient_bits_inter_node")
 
@@ -81,6 +82,9 @@ def _add_optimization(group) -> None:
                        help="micro-steps accumulated per optimizer step; gradients cross nodes once per step")
     group.add_argument("--reduce-every-micro-step", action="store_true",
                        help="with --accumulation: reduce across nodes in every micro-step instead of keeping node sums")
+    group.add_argument("--keep-weights-between-micro-steps", action="store_true",
+                       help="with --accumulation: keep every unit gathered from the first micro-step to the last "
+                            "(no gathers after the first forward; costs the full weights per rank)")
     group.add_argument("--untimed-steps", type=int, default=5,
                        help="first steps left out of the summary's median step time and tokens/s")
     group.add_argument("--precision", default="fp32", choices=PRECISIONS, help="compute dtype of gathered weights")

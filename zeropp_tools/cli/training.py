@@ -80,6 +80,7 @@ def zero_config(arguments, explicit: set[str]) -> tuple[ZeroConfig, dict]:
         auto=arguments.auto, auto_probe_every=arguments.auto_probe_every,
         weight_deltas=arguments.weight_deltas, weight_delta_bits=arguments.weight_delta_bits,
         prefetch_units=arguments.prefetch_units,
+        keep_weights_between_micro_steps=arguments.keep_weights_between_micro_steps,
     )
     if not arguments.deepspeed_config:
         return zero, {}
