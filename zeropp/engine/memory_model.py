@@ -93,6 +93,8 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
     largest_piece = max((piece.parameter.numel() for flat in trainable for piece in flat.local_pieces), default=0)
     step = {**resting, "optimizer_temporaries": OPTIMIZER_TEMPORARIES * largest_piece * FP32}
     if node_accumulation:
+        # A released reduction (hop 2 in flight, design 5.3) holds its node sums, counted
+        # here, and its rows, which were not at the measured peak.
         node_sums = layout.num_nodes * sum(flat.shard_numel for flat in trainable) * FP32
         forward["node_sums"] = backward["node_sums"] = node_sums
         if config.keep_weights_between_micro_steps:

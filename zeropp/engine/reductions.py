@@ -20,15 +20,27 @@ class ReductionQueue:
         assert limit >= 1
         self.limit = limit
         self._pending: deque = deque()  # (flat, pending reduction), in start order
+        self._crossing: deque = deque()  # released ones whose last hop is in flight
         self.peak_in_flight = 0  # most reductions in flight at once since construction
 
     def __len__(self) -> int:
         return len(self._pending)
 
     def make_room(self) -> None:
-        """Finish the oldest reductions until one more may start."""
+        """Finish the oldest reductions until one more may start. One whose last hop can run
+        on its own (``release``: the node sums' crossing) leaves the queue with that hop in
+        flight instead, at most ``limit`` of them: it holds only its small rows, and the link
+        works under the next units' backward."""
         while len(self._pending) >= self.limit:
-            self._finish_oldest()
+            flat, pending = self._pending[0]
+            release = getattr(pending, "release", None)
+            if release is None or not release():
+                self._finish_oldest()
+                continue
+            self._pending.popleft()
+            self._crossing.append((flat, pending))
+            while len(self._crossing) > self.limit:
+                self._finish_crossing()
 
     def add(self, flat: FlatParam, pending) -> None:
         """``pending`` was just started (after :meth:`make_room`); launch what can be launched."""
@@ -44,6 +56,8 @@ class ReductionQueue:
                 break
 
     def finish_all(self) -> None:
+        while self._crossing:
+            self._finish_crossing()
         while self._pending:
             self._finish_oldest()
 
@@ -52,3 +66,7 @@ class ReductionQueue:
         shard = pending.wait()
         if shard is not None:  # None: a micro-step without sync kept its sums inside the node
             flat.accumulate_grad(shard)
+
+    def _finish_crossing(self) -> None:
+        flat, pending = self._crossing.popleft()
+        flat.accumulate_grad(pending.wait())

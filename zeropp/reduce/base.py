@@ -3,7 +3,9 @@
 A reduction turns a unit's full local gradient [W * S] into this rank's mean shard [S]
 fp32, the layout a reduce-scatter gives. ``start`` returns a pending object whose
 ``progress()`` launches what can be launched (reductions of several units overlap) and whose
-``wait()`` gives the shard. ``predicted_bytes`` is the analytic volume of one reduction.
+``wait()`` gives the shard; one may offer ``release()``: wait for what holds the full-size
+buffers and leave only a last hop in flight (True if it did), so the queue of reductions in
+flight can take the next one. ``predicted_bytes`` is the analytic volume of one reduction.
 """
 
 from __future__ import annotations

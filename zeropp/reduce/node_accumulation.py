@@ -98,6 +98,7 @@ def held_bytes(shard_numel: int, layout: "Layout", reduce_dtype: torch.dtype) ->
     return 2 * layout.world_size * shard_numel * reduce_dtype.itemsize
 
 
+
 class NodeReduction:
     """One unit's gradient in flight: hop 1, and hop 2 when final (``progress``/``wait`` as
     every reduction in flight)."""
@@ -118,6 +119,7 @@ class NodeReduction:
     def _sum_node(self) -> None:
         if self.intra is not None:
             self.intra.wait()
+            self.intra = None  # the work holds the rows it sent [D, N, S] until dropped
         buffer = self.accumulation.buffer_for(self.flat)
         buffer += self.received.sum(dim=0, dtype=torch.float32)
         self.received = None
@@ -152,6 +154,15 @@ class NodeReduction:
             return False
         self._sum_node()
         self._start_inter()
+        return True
+
+    def release(self) -> bool:
+        """Wait for hop 1 and launch hop 2; True if hop 2 is now all that is left."""
+        if not self.final:
+            return False
+        if self.inter is None:
+            self._sum_node()
+            self._start_inter()
         return True
 
     def wait(self) -> torch.Tensor | None:

@@ -91,8 +91,9 @@ def summarize(runs: dict) -> dict:
     return results
 
 
-def ratios(report: dict) -> dict:
-    """Per bandwidth and k, the ratios the targets are stated in (medians of one run)."""
+def ratios(report: dict, ours_variant: str = NODE_ACCUMULATION) -> dict:
+    """Per bandwidth and k, the ratios the targets are stated in (medians of one run), of
+    ``ours_variant`` (a zeropp variant accumulating under ``no_sync``)."""
     results = report["results"]
     table = {}
     for bandwidth in report["bandwidths"]:
@@ -102,7 +103,7 @@ def ratios(report: dict) -> dict:
             if k == 1:
                 rate[EVERY_MICRO_STEP] = rate.get(NODE_ACCUMULATION)
             limit = results.get(_key(UNSHAPED, k, LIMIT), {}).get("tokens_per_s")
-            ours = rate.get(NODE_ACCUMULATION)
+            ours = rate.get(ours_variant)
             if not ours:
                 continue
             entry = {}
@@ -146,6 +147,24 @@ def overlap_bound(report: dict, bandwidth: str, k: int, variant: str) -> dict:
             "measured_tokens_per_s": report["results"][cell]["tokens_per_s"], "every_micro_step": every_micro_step}
 
 
+def link_only_markdown(report: dict, bandwidth: str, k: int, variant: str, against: str) -> str:
+    """``variant``'s tokens/s were nothing but node 0's link busy with its bytes, and ``against``'s
+    measured tokens/s beside it."""
+    def median(cell: str, field: str) -> float:
+        return statistics.median(run[field] for run in report["runs"][cell] if field in run)
+
+    cell = _key(bandwidth, k, variant)
+    tokens_per_step = median(cell, "tokens_per_s") * median(cell, "median_step_s")
+    ranks_per_node = int(report["layout"].split("x")[1])
+    node_bytes = ranks_per_node * median(cell, "rank0_inter_node_bytes_per_step")
+    link_s = node_bytes / payload_bytes_per_s(shaped_mbit(bandwidth))
+    ours = report["results"][_key(bandwidth, k, against)]["tokens_per_s"]
+    return (f"At {bandwidth} Mbit/s with k = {k}, {variant} brings node 0 {node_bytes / 1e6:.1f} MB per optimizer "
+            f"step, {link_s:.2f} s at the shaper's payload rate: with nothing else in its step it would run at "
+            f"{tokens_per_step / link_s:,.0f} tokens/s; {against} runs at {ours:,.0f}, "
+            f"{ours * link_s / tokens_per_step:.2f}x that.")
+
+
 def bound_markdown(report: dict, bandwidth: str, k: int, variant: str) -> str:
     bound = overlap_bound(report, bandwidth, k, variant)
     every = bound["every_micro_step"]
@@ -157,6 +176,12 @@ def bound_markdown(report: dict, bandwidth: str, k: int, variant: str) -> str:
             f"{bound['fastest_tokens_per_s'] / every:.2f}x reducing every micro-step "
             f"({every:,.0f} tokens/s). Measured: {bound['measured_tokens_per_s']:,.0f} tokens/s, "
             f"{bound['measured_tokens_per_s'] / every:.2f}x.")
+
+
+def ratios_markdown(report: dict, ours_variant: str) -> str:
+    return "\n".join([f"{ours_variant} against each, per bandwidth/k:"] + [
+        f"- {cell}: " + ", ".join(f"{name} {value:.2f}x" for name, value in entry.items())
+        for cell, entry in ratios(report, ours_variant).items()])
 
 
 def markdown(report: dict) -> str:

@@ -218,6 +218,14 @@ def accumulation_study(results) -> str:
     return accumulation.header(report) + accumulation.markdown(report)
 
 
+def accumulation_kept(results) -> str:
+    """The accumulation with every unit kept gathered between micro-steps, from its own clean commit."""
+    report = results.load("accumulation_kept/accumulation.json")
+    return (accumulation.header(report) + accumulation.markdown(report) + "\n\n"
+            + accumulation.ratios_markdown(report, "deltas") + "\n\n"
+            + accumulation.link_only_markdown(report, "50", 8, accumulation.EVERY_MICRO_STEP, "deltas"))
+
+
 def accumulation_bound(results) -> str:
     """How close the delta run at 50 Mbit/s comes to the fastest any exact schedule could be."""
     report = results.load("accumulation_deltas/accumulation.json")
@@ -309,6 +317,7 @@ SECTIONS: dict[str, Callable] = {
     "accumulation-table": accumulation_table,
     "accumulation-study": accumulation_study,
     "accumulation-bound": accumulation_bound,
+    "accumulation-kept": accumulation_kept,
     "memory-table": memory_table,
     "memory-study": memory_study,
     "dryrun-table": dryrun_table,
