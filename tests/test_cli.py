@@ -367,6 +367,25 @@ def test_accumulation_bound_hides_one_micro_steps_compute_and_adds_the_rest_of_t
     assert "2.00x reducing every micro-step" in accumulation.bound_markdown(report, "50", 8, "deltas")
 
 
+def test_accumulation_link_only_rate_and_ratios_of_another_variant():
+    from zeropp_tools.bench import accumulation
+    from zeropp_tools.cluster import payload_bytes_per_s
+
+    rate = payload_bytes_per_s(50)
+    # Every micro-step: 8000 tokens in 8 s; node 0 (two ranks) brings 4 s of the link's bytes,
+    # so the link alone allows 2000 tokens/s; deltas at 3000 is 1.5x that.
+    every = {"tokens_per_s": 1000.0, "median_step_s": 8.0, "rank0_inter_node_bytes_per_step": 2.0 * rate}
+    report = {"layout": "2x2", "bandwidths": ["50"], "accumulations": [8], "variants": ["deltas", "zero++-every-micro-step"],
+              "runs": {"50/8/zero++-every-micro-step": [every]},
+              "results": {"50/8/deltas": {"tokens_per_s": 3000.0}, "50/8/zero++-every-micro-step": {"tokens_per_s": 1000.0},
+                          "none/8/zero3": {"tokens_per_s": 4000.0}}}
+    text = accumulation.link_only_markdown(report, "50", 8, "zero++-every-micro-step", "deltas")
+    assert "4.00 s" in text and "2,000 tokens/s" in text and "1.50x that" in text
+    entry = accumulation.ratios(report, "deltas")["50/8"]
+    assert entry == {"vs_limit": pytest.approx(0.75), "vs_every_micro_step": pytest.approx(3.0)}
+    assert accumulation.ratios(report) == {}  # zero++ was not run
+
+
 def test_replan_recovery_counts_medians_of_five_steps_not_one_noisy_step():
     from zeropp_tools.bench.replan import steps_to_recover
 

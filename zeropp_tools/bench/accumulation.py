@@ -125,8 +125,9 @@ def overlap_bound(report: dict, bandwidth: str, k: int, variant: str) -> dict:
     With node accumulation the link carries two things per optimizer step: the weights, which
     exist only after the optimizer step and are all needed before the first micro-step's
     backward, and the node sums, which exist only as the last micro-step's backward makes
-    them. So only the first forward and the last backward, one micro-step's compute (the
-    limit's step / k), can hide the link's time; the rest of it adds to the limit's step.
+    them. So only the first forward and the last backward, one micro-step (the limit's step /
+    k), can hide the link's time; the rest of it adds to the limit's step. A schedule whose
+    micro-steps do less than the limit's (weights kept between them) is not bounded by it.
     Node 0's bytes are rank 0's times the node's ranks: true where every rank of a node
     receives alike across nodes, as with the delta gather (each local index exchanges with
     its peers), not with a ring gather over the world (there one rank per node receives)."""
@@ -170,8 +171,9 @@ def bound_markdown(report: dict, bandwidth: str, k: int, variant: str) -> str:
     every = bound["every_micro_step"]
     return (f"At {bandwidth} Mbit/s with k = {k} ({variant}), node 0's link carries "
             f"{bound['node_bytes'] / 1e6:.2f} MB per optimizer step, {bound['link_s']:.2f} s at the shaper's "
-            f"payload rate; one micro-step's compute, {bound['hidden_s']:.2f} s of the limit's "
-            f"{bound['limit_step_s']:.2f} s step, is all that can hide it. The fastest possible step is then "
+            f"payload rate; one micro-step, {bound['hidden_s']:.2f} s of the limit's "
+            f"{bound['limit_step_s']:.2f} s step, is all that can hide it while each micro-step works as the "
+            f"limit's does. The fastest such step is then "
             f"{bound['fastest_step_s']:.2f} s, {bound['fastest_tokens_per_s']:,.0f} tokens/s: "
             f"{bound['fastest_tokens_per_s'] / every:.2f}x reducing every micro-step "
             f"({every:,.0f} tokens/s). Measured: {bound['measured_tokens_per_s']:,.0f} tokens/s, "

@@ -120,6 +120,21 @@ def accumulation_bullet(results) -> str:
                    f"the peers' own accumulation ({_source(report)}; [accumulation](docs/results/accumulation.md)).")
 
 
+def accumulation_kept_bullet(results) -> str:
+    """The same with weight deltas and the weights kept between micro-steps (the limit kept alike)."""
+    report = results.load("accumulation_kept/accumulation.json")
+    k = max(report["accumulations"])
+    cells = {bandwidth: accumulation.ratios(report, "deltas")[f"{bandwidth}/{k}"] for bandwidth in report["bandwidths"]}
+    limits = ", ".join(f"{entry['vs_limit']:.2f}x" for entry in cells.values())
+    every = ", ".join(f"{entry['vs_every_micro_step']:.2f}x" for entry in cells.values())
+    peers = [value for entry in cells.values() for name, value in entry.items()
+             if name.startswith(("vs_deepspeed", "vs_fsdp2"))]
+    bandwidths = " / ".join(cells) + " Mbit/s"
+    return _bullet(f"- **Weights kept** between micro-steps (and weight deltas), {bandwidths}: {limits} the limit "
+                   f"kept alike; {every} of reducing every micro-step; {min(peers):.2f}-{max(peers):.2f}x the peers "
+                   f"({_source(report)}).")
+
+
 def memory_bullet(results) -> str:
     report = results.load(f"{QUICK}/memory/memory.json")
     fixed = report["fixed"]
@@ -306,6 +321,7 @@ SECTIONS: dict[str, Callable] = {
     "bytes": bytes_bullet,
     "throughput": throughput_bullet,
     "accumulation": accumulation_bullet,
+    "accumulation-kept-bullet": accumulation_kept_bullet,
     "memory": memory_bullet,
     "convergence": convergence_bullet,
     "convergence-table": convergence_table,
