@@ -68,12 +68,12 @@ def gathers_against_reference(rank, world_size, ranks_per_node, options, steps):
             model.on_weights_changed()
         for unit in model.units:
             for phase in ("forward", "backward"):
-                model._ensure_gathered(unit)
+                model._gathering.ensure(unit, "forward_gather")
                 for flat in unit.flats:
                     expected = slow.gather(flat, topology, changed=step > 0 and phase == "forward")
                     if not torch.equal(flat.full_data, expected.to(config.compute_torch_dtype)):
                         mismatches.append((step, phase, flat.name))
-                model._free(unit)
+                model._gathering.free(unit)
         step_error = 0.0
         for flat in model.flat_params():
             copy = model.weight_gather.references[flat.name][topology.node]
@@ -120,8 +120,8 @@ def errors_over_steps(rank, world_size, steps):
             for flat in unit.flats:
                 flat.master += 1e-3 * torch.randn(flat.master.shape, generator=generator)
         model.on_weights_changed()
-        model._ensure_gathered(unit)
-        model._free(unit)
+        model._gathering.ensure(unit, "forward_gather")
+        model._gathering.free(unit)
         for flat in unit.flats:
             error = flat.master.detach() - model.weight_gather.references[flat.name][topology.node]
             errors.append(error.abs().max().item())

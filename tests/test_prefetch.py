@@ -17,14 +17,14 @@ def train_with_prefetch(rank, world_size, prefetch_units):
                          unit_classes=(Block,))
     optimizer = ShardedOptimizer(model, lambda params: torch.optim.AdamW(params, lr=1e-2))
     in_flight = []  # units gathering or gathered right after each prefetch
-    prefetch = model._prefetch
+    prefetch = model._gathering.prefetch
 
-    def counting_prefetch(order, unit):
-        prefetch(order, unit)
+    def counting_prefetch(order, unit, phase):
+        prefetch(order, unit, phase)
         in_flight.append(sum(flat.state in (ShardState.GATHERING, ShardState.GATHERED)
                              for other in model.units if not other.is_root for flat in other.flats))
 
-    model._prefetch = counting_prefetch
+    model._gathering.prefetch = counting_prefetch
     generator = torch.Generator().manual_seed(rank)
     losses = []
     for _ in range(3):

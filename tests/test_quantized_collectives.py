@@ -29,12 +29,12 @@ def gathered_weights(rank, world_size, ranks_per_node, compute_dtype):
         model = ShardedModel(GPT(GPTConfig.preset("tiny")), topology, config, unit_classes=(Block,))
         first, again = [], []
         for unit in model.units:
-            model._ensure_gathered(unit)  # from the primary shards
+            model._gathering.ensure(unit, "forward_gather")  # from the primary shards
             first.append([flat.full_data.float().clone() for flat in unit.flats])
-            model._free(unit)
-            model._ensure_gathered(unit)  # from the secondary partition when hpZ is on
+            model._gathering.free(unit)
+            model._gathering.ensure(unit, "forward_gather")  # from the secondary partition when hpZ is on
             again.append([flat.full_data.float().clone() for flat in unit.flats])
-            model._free(unit)
+            model._gathering.free(unit)
         results[name] = (first, again, model.comm_log.totals_by_phase())
     return results
 

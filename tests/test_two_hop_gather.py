@@ -36,11 +36,11 @@ def gather_against_reference(rank, world_size, ranks_per_node, options):
     mismatches = []
     for unit in model.units:
         for source in ("primary", "secondary"):  # the second gather uses hpZ's copy when on
-            model._ensure_gathered(unit)
+            model._gathering.ensure(unit, "forward_gather")
             for flat in unit.flats:
                 if not torch.equal(flat.full_data, expected_full(flat, topology, config)):
                     mismatches.append((flat.name, source))
-            model._free(unit)
+            model._gathering.free(unit)
     return mismatches
 
 

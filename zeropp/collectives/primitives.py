@@ -35,6 +35,10 @@ class PendingReduceScatter:
         """A single all-to-all: nothing is left to launch."""
         return True
 
+    def release(self) -> bool:
+        """One hop only: nothing to leave in flight on its own."""
+        return False
+
     def wait(self) -> torch.Tensor:
         if self.work is not None:
             self.work.wait()

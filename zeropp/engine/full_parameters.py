@@ -16,8 +16,7 @@ def full_parameters(model, writeback: bool = True, rank0_only: bool = False) -> 
     ``nn.Parameter`` s under their usual names (on every rank, or on rank 0 only); edits made
     to them are written back into the shards on exit when ``writeback`` (rank 0's edits when
     ``rank0_only``). Needs the whole model's fp32 size in memory on the ranks that hold it."""
-    for unit in model.units:
-        model._free(unit)  # no gathered compute-dtype buffers alongside the fp32 copies
+    model._gathering.free_all()  # no gathered compute-dtype buffers alongside the fp32 copies
     holds = not rank0_only or model.topology.rank == 0
     buffers = []
     for flat in model.flat_params():

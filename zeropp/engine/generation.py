@@ -49,7 +49,7 @@ class PinnedUnits:
         while self.limit is not None and len(self.order) > self.limit:
             oldest, _ = self.order.popitem(last=False)
             self.with_views.discard(oldest)
-            self.model._free(self.model.units[oldest])
+            self.model._gathering.free(self.model.units[oldest])
 
 
 @contextmanager
@@ -70,8 +70,7 @@ def generation_mode(model, max_pinned_units: int | None = None) -> Iterator[None
     finally:
         del model.module._parameters[ANCHOR]
         model._pinned = None
-        for unit in model.units:
-            model._free(unit)
+        model._gathering.free_all()
 
 
 def gathered_bytes(model) -> int:

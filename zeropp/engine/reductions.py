@@ -33,8 +33,7 @@ class ReductionQueue:
         works under the next units' backward."""
         while len(self._pending) >= self.limit:
             flat, pending = self._pending[0]
-            release = getattr(pending, "release", None)
-            if release is None or not release():
+            if not pending.release():
                 self._finish_oldest()
                 continue
             self._pending.popleft()

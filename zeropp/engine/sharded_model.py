@@ -34,6 +34,7 @@ from .checks import check_inputs, check_weight_source, resolve_unit_classes
 from .construction import UnitBuilder
 from .contract import TorchContract
 from .full_parameters import full_parameters
+from .gathering import UnitGathering
 from .generation import PinnedUnits, generation_mode
 from .hook_helpers import checkpointed, tensors_requiring_grad, watch_optimizer_steps
 from .nonfinite import NonfiniteTracker
@@ -78,7 +79,8 @@ class ShardedModel(TorchContract, nn.Module):
         self._reductions = ReductionQueue(self.config.reductions_in_flight)
         self._gradient_sync = True
         self._accumulation: NodeAccumulation | None = None  # made at the first micro-step without sync
-        self._frozen_release = FrozenRelease(self.units, self._free_gathered)
+        self._gathering = UnitGathering(self.units, self._strategies, self.config)
+        self._frozen_release = FrozenRelease(self.units, self._gathering.free_gathered)
         self._nonfinite = NonfiniteTracker()
         self._pinned: PinnedUnits | None = None  # generation mode: units kept gathered
         self._optimizer_stepped = False  # set by any optimizer stepping these parameters
@@ -195,8 +197,7 @@ class ShardedModel(TorchContract, nn.Module):
 
     def _drop_copies(self) -> None:
         """After a switch of strategies, which start with no copies."""
-        for unit in self.units:
-            self._free(unit)
+        self._gathering.free_all()
         for flat in self.flat_params():
             flat.state = ShardState.SHARDED
 
@@ -211,14 +212,13 @@ class ShardedModel(TorchContract, nn.Module):
         """Call after the master shards changed: drop stale gathered copies, refresh the
         compute-dtype shards. Frozen parameters keep theirs unless ``include_frozen``
         (they changed too: loaded or edited)."""
-        for unit in self.units:
-            self._free(unit)
+        self._gathering.free_all()
         for flat in self.flat_params():
             if flat.requires_grad or include_frozen:
                 flat.refresh_compute_shard()
                 # Loaded or edited masters may be far from any copy: start copies afresh.
                 (self.weight_gather.forget if include_frozen else self.weight_gather.invalidate)(flat)
-                flat.state = self._resting_state(flat)
+                flat.state = self._gathering.resting_state(flat)
             flat.seen_version = flat.master._version
         self._optimizer_stepped = False
 
@@ -229,8 +229,7 @@ class ShardedModel(TorchContract, nn.Module):
         if self._accumulation is not None:
             self._accumulation.clear()
         if self.config.keep_weights_between_micro_steps:  # an accumulation thrown away may leave units gathered
-            for unit in self.units:
-                self._free(unit)
+            self._gathering.free_all()
 
     @contextlib.contextmanager
     def record_schedule(self):
@@ -280,43 +279,10 @@ class ShardedModel(TorchContract, nn.Module):
         finally:
             self.set_requires_gradient_sync(True)
 
-    # ----------------------------------------------------------------- gathering
-    def _phase(self) -> str:
+    # ----------------------------------------------------------------- hooks
+    def _gather_phase(self) -> str:
         return "backward_gather" if self._in_backward else "forward_gather"
 
-    def _start_gather(self, unit: Unit) -> None:
-        for flat in unit.flats:
-            if flat.state in (ShardState.SHARDED, ShardState.SECONDARY):
-                flat.allocate_full()
-                flat.pending_gather = self.weight_gather.start(flat, self._phase())
-                flat.state = ShardState.GATHERING
-
-    def _finish_gather(self, flat: FlatParam) -> None:
-        if flat.state is ShardState.GATHERING:
-            self.weight_gather.finish(flat, flat.pending_gather)
-            flat.pending_gather = None
-            flat.state = ShardState.GATHERED
-
-    def _ensure_gathered(self, unit: Unit) -> None:
-        self._start_gather(unit)
-        for flat in unit.flats:
-            self._finish_gather(flat)
-
-    def _free(self, unit: Unit) -> None:
-        for flat in unit.flats:
-            self._finish_gather(flat)  # never free storage under a collective in flight
-            self._free_gathered(flat)
-
-    def _resting_state(self, flat: FlatParam) -> ShardState:
-        return ShardState.SECONDARY if self.weight_gather.holds_copy(flat) else ShardState.SHARDED
-
-    def _prefetch(self, order: ExecutionOrder, unit: Unit) -> None:
-        if not self.config.prefetch:
-            return
-        for following in order.following(unit.index, self.config.prefetch_units):
-            self._start_gather(self.units[following])
-
-    # ----------------------------------------------------------------- hooks
     def _pre_forward(self, unit: Unit, module, args):
         if unit.is_root and not self._in_backward:  # also when called as self.module(...), as generate() does
             self._tune()
@@ -325,9 +291,9 @@ class ShardedModel(TorchContract, nn.Module):
                 flat.drop_cleared_grad()
         if not self._in_backward:
             self._forward_order.observe(unit.index)
-        self._ensure_gathered(unit)
+        self._gathering.ensure(unit, self._gather_phase())
         if not self._in_backward:
-            self._prefetch(self._forward_order, unit)
+            self._gathering.prefetch(self._forward_order, unit, "forward_gather")
             self._record_compute(unit, "forward")
         if self._pinned is not None:
             self._pinned.install_views(unit)
@@ -352,7 +318,7 @@ class ShardedModel(TorchContract, nn.Module):
             return None
         keep_root = unit.is_root and torch.is_grad_enabled() and not self.config.reshard_root_after_forward
         if not keep_root and not self._keeps_weights():
-            self._free(unit)
+            self._gathering.free(unit)
         return None
 
     def _pre_backward(self, unit: Unit, grad: torch.Tensor):
@@ -360,8 +326,8 @@ class ShardedModel(TorchContract, nn.Module):
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         self._backward_order.observe(unit.index)
-        self._ensure_gathered(unit)
-        self._prefetch(self._backward_order, unit)
+        self._gathering.ensure(unit, "backward_gather")
+        self._gathering.prefetch(self._backward_order, unit, "backward_gather")
         if self.config.activation_checkpointing and not unit.is_root:
             self._record_compute(unit, "recompute")
         self._record_compute(unit, "backward")
@@ -375,19 +341,15 @@ class ShardedModel(TorchContract, nn.Module):
         """Backward is about to concatenate ``flat``'s parameter gradients: free the gathered
         values first, so they and the full-size gradient are never alive together."""
         if not self._keeps_weights():
-            self._free_gathered(flat)
+            self._gathering.free_gathered(flat)
         self._frozen_release.trainable_done(flat)
-
-    def _free_gathered(self, flat: FlatParam) -> None:
-        if flat.state is ShardState.GATHERED:
-            flat.free_full(self._resting_state(flat))
 
     def _on_grad_ready(self, flat: FlatParam, full: torch.Tensor) -> None:
         grad = full.grad  # [padded_numel], compute dtype
         full.grad = None
         self._nonfinite.observe(flat.name, grad)
         if not self._keeps_weights():
-            flat.free_full(self._resting_state(flat))
+            flat.free_full(self._gathering.resting_state(flat))
         self._reductions.make_room()
         self._reductions.add(flat, self._start_reduction(flat, grad))
 
@@ -404,7 +366,6 @@ class ShardedModel(TorchContract, nn.Module):
             flat.forget_uses()
         self._frozen_release.reset()
         if not self._keeps_weights():
-            for unit in self.units:
-                self._free(unit)
+            self._gathering.free_all()
         self._backward_order.freeze()
         self._in_backward = False

@@ -1,16 +1,13 @@
 """What every gradient reduction provides (docs/design.md section 5).
 
 A reduction turns a unit's full local gradient [W * S] into this rank's mean shard [S]
-fp32, the layout a reduce-scatter gives. ``start`` returns a pending object whose
-``progress()`` launches what can be launched (reductions of several units overlap) and whose
-``wait()`` gives the shard; one may offer ``release()``: wait for what holds the full-size
-buffers and leave only a last hop in flight (True if it did), so the queue of reductions in
-flight can take the next one. ``predicted_bytes`` is the analytic volume of one reduction.
+fp32, the layout a reduce-scatter gives. ``start`` returns a
+:class:`PendingReduction`. ``predicted_bytes`` is the analytic volume of one reduction.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -23,6 +20,23 @@ if TYPE_CHECKING:
     from ..topology import Topology
 
 
+class PendingReduction(Protocol):
+    """One unit's reduction in flight."""
+
+    def progress(self) -> bool:
+        """Launch what can be launched now (reductions of several units overlap); True
+        when nothing is left to launch."""
+
+    def release(self) -> bool:
+        """Wait for what holds the full-size buffers and leave only a last hop in flight,
+        so the queue of reductions in flight can take the next one; True if it did, False
+        where the reduction has no such hop."""
+
+    def wait(self) -> torch.Tensor | None:
+        """This rank's mean shard [S] fp32 (None: a micro-step without sync kept its sums
+        inside the node)."""
+
+
 class GradientReduction:
     def __init__(self, config: ZeroConfig, topology: "Topology | None" = None,
                  communicator: "Communicator | None" = None) -> None:
@@ -30,7 +44,7 @@ class GradientReduction:
         self.topology = topology
         self.comm = communicator
 
-    def start(self, flat_grad: torch.Tensor, label: str = ""):
+    def start(self, flat_grad: torch.Tensor, label: str = "") -> PendingReduction:
         """``flat_grad`` [W * S] -> pending; ``pending.wait()`` is the mean shard [S] fp32."""
         raise NotImplementedError
 

@@ -189,6 +189,11 @@ class QgzBucket:
             self._start_inter(index)
         return True
 
+    def release(self) -> bool:
+        """Not offered: the inter-node hops could run on their own, as node accumulation's
+        do (they read only the node's partial sums, [N, s] per chunk), but that is untried."""
+        return False
+
     def wait(self) -> torch.Tensor:
         pieces = []
         for index in range(len(self._intra)):
