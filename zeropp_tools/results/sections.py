@@ -340,5 +340,6 @@ SECTIONS: dict[str, Callable] = {
     "rlhf-table": rlhf_table,
     "simulator-paper": simulator_paper,
     "simulator-paper-no-prefetch": lambda results: simulator_paper(results, "paper-no-prefetch", listed_only=True),
+    "simulator-paper-implied": lambda results: paper.implied_markdown(paper.implied_by_published()),
     "simulator-cluster": simulator_cluster,
 }

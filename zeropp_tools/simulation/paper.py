@@ -58,6 +58,48 @@ OTHER_PUBLISHED = (
 )
 
 
+# V100 SXM datasheet: 125 TFLOP/s in fp16 on the tensor cores.
+V100_PEAK_FLOPS = 125e12
+
+
+def implied_by_published(rows: tuple[Row, ...] = (*PUBLISHED, *OTHER_PUBLISHED)) -> list[dict]:
+    """What the published figures say by themselves, with no hardware model: for each model
+    and adapter count published at both 1K and 2K tokens per GPU, per scheme, the step each
+    figure means (8 FLOPs per parameter and token, parameters 12 L h^2 + V h), the marginal
+    rate (the 2K step's extra FLOPs over its extra time) and, with compute at that rate, the
+    time of the 1K step that is not compute. A marginal rate near or above the peak says the
+    extra compute hid under something else; a step of any one compute rate plus a fixed
+    time cannot give both figures with a rate below it."""
+    by_shape = {}
+    for row in rows:
+        by_shape.setdefault((row.model, row.adapters), {})[row.tokens_per_gpu] = row.published
+    implied = []
+    for (model, adapters), published in by_shape.items():
+        if not {1024, 2048} <= published.keys():
+            continue
+        layers, hidden = MODELS[model]
+        flops_per_token = 8 * (12 * layers * hidden * hidden + VOCABULARY * hidden)
+        for index, scheme in enumerate(("zero3", "zero++")):
+            small, large = (flops_per_token * tokens for tokens in (1024, 2048))
+            step_small = small / (published[1024][index] * 1e12)
+            step_large = large / (published[2048][index] * 1e12)
+            marginal = (large - small) / (step_large - step_small)
+            implied.append({"model": model, "adapters": adapters, "scheme": scheme, "step_1k_s": step_small,
+                            "step_2k_s": step_large, "marginal_flops": marginal,
+                            "not_compute_1k_s": step_small - small / marginal})
+    return implied
+
+
+def implied_markdown(implied: list[dict]) -> str:
+    lines = ["| model | IB x 100 Gbit/s | scheme | step at 1K / 2K tokens (s) | marginal TFLOP/s | of the V100's peak "
+             "| 1K step not compute at that rate (s) |", "|---|---|---|---|---|---|---|"]
+    for entry in implied:
+        lines.append(f"| {entry['model']} | {entry['adapters']} | {entry['scheme']} | {entry['step_1k_s']:.2f} / "
+                     f"{entry['step_2k_s']:.2f} | {entry['marginal_flops'] / 1e12:.0f} | "
+                     f"{entry['marginal_flops'] / V100_PEAK_FLOPS:.0%} | {entry['not_compute_1k_s']:.2f} |")
+    return "\n".join(lines)
+
+
 def schedules(model: str, prefetch: bool = True) -> dict[str, Schedule]:
     """ZeRO-3's and ZeRO++'s schedules for ``model`` on 24 x 16, recorded by dry runs. With
     ``prefetch`` False the engine gathers each unit only when it is needed, so no gather
