@@ -227,7 +227,7 @@ def test_plan_simulates_every_variant_and_slow_links_favour_zeropp(fake_world):
 
     args = Namespace(model="tiny", layers=None, hidden=None, vocabulary=None, nodes=2, ranks_per_node=2,
                      tokens_per_rank=256, accumulation=2, activation_checkpointing=False, hardware=None,
-                     inter_node_mbit=20.0, rank_gflops=5.0)
+                     inter_node_mbit=20.0, rank_gflops=5.0, keep_weights_between_micro_steps=False)
     schedules = variant_schedules(args)
     assert set(schedules) == {"zero3", "qwz", "hpz", "qgz", "zero++"}
     computed = [event for event in schedules["zero3"].events if isinstance(event, Compute)]
@@ -235,6 +235,15 @@ def test_plan_simulates_every_variant_and_slow_links_favour_zeropp(fake_world):
     steps = simulate_all(schedules, plan_hardware(args))
     assert min(steps, key=lambda name: steps[name].step_s) == "zero++"
     assert steps["zero3"].bottleneck == "inter-node link"
+    # Weights kept between the two micro-steps: ZeRO-3 gathers once instead of twice per
+    # micro-step, and the slow link makes that the step's difference.
+    kept = variant_schedules(Namespace(**{**vars(args), "keep_weights_between_micro_steps": True}))
+    gathers = {name: sum(collective.phase.endswith("gather") for collective in schedule.collectives)
+               for name, schedule in (("default", schedules["zero3"]), ("kept", kept["zero3"]))}
+    units = len({event.unit for event in computed})
+    assert gathers["kept"] == units  # each unit once, in the first forward
+    assert gathers["default"] == 2 * (2 * units - 1)  # per micro-step twice, the root (kept through it) once
+    assert simulate_all(kept, plan_hardware(args))["zero3"].step_s < 0.7 * steps["zero3"].step_s
 
 
 def test_a_hugging_face_config_gives_the_plan_its_shape(tmp_path):

@@ -149,8 +149,9 @@ def _peak_memory(args, variant: str) -> int:
     """The memory model's peak for ``variant`` (the engine built on the meta device)."""
     from zeropp_tools.dryrun import predicted_memory_of
 
-    config = standard_variants(args.ranks_per_node)[variant]
-    from zeropp_tools.simulation.planner import plan_gpt
+    from zeropp_tools.simulation.planner import plan_config, plan_gpt
+
+    config = plan_config(args, standard_variants(args.ranks_per_node)[variant])
 
     phases = predicted_memory_of(plan_gpt(args), args.nodes, args.ranks_per_node, config,
                                  node_accumulation=args.accumulation > 1)
@@ -160,6 +161,9 @@ def _peak_memory(args, variant: str) -> int:
 def main(args) -> int:
     if args.no_prefetch and not args.paper:
         raise ValueError("--no-prefetch applies to --paper only: add --paper, or leave --no-prefetch out")
+    if args.keep_weights_between_micro_steps and args.accumulation == 1:
+        raise ValueError("--keep-weights-between-micro-steps keeps weights between the micro-steps of an "
+                         "accumulation: give --accumulation 2 or more, or leave it out")
     if args.compare:
         with open(args.compare) as file:
             rows = compare(json.load(file))
@@ -200,6 +204,7 @@ def main(args) -> int:
     logger.info(f"hardware: {hardware.name}")
     logger.info("memory per rank: the memory model's peak over the phases of a step, AdamW, activations not included"
                 + (", node accumulation's sums included" if args.accumulation > 1 else ""))
-    logger.info(f"per optimizer step of {args.accumulation} micro-step(s) of {args.tokens_per_rank} tokens per rank")
+    logger.info(f"per optimizer step of {args.accumulation} micro-step(s) of {args.tokens_per_rank} tokens per rank"
+                + (", every unit kept gathered between them" if args.keep_weights_between_micro_steps else ""))
     logger.info(f"recommended: {best}")
     return 0

@@ -124,6 +124,8 @@ def _add_plan(commands) -> None:
                       help="tokens each rank processes per micro-step")
     plan.add_argument("--accumulation", type=positive_int, default=1,
                       help="micro-steps per optimizer step; those before the last under no_sync (node accumulation)")
+    plan.add_argument("--keep-weights-between-micro-steps", action="store_true",
+                      help="with --accumulation: every unit stays gathered between micro-steps (full weights per rank)")
     plan.add_argument("--nodes", type=positive_int, default=2, help="nodes")
     plan.add_argument("--ranks-per-node", type=positive_int, default=2, help="ranks per node")
     plan.add_argument("--hardware", default=None, metavar="NAME_OR_JSON",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from zeropp.config import standard_variants
+from zeropp.config import ZeroConfig, standard_variants
 from zeropp.models import GPTConfig
 from zeropp.simulate.hardware import Hardware
 from zeropp.simulate.schedule import Schedule
@@ -40,6 +40,12 @@ def plan_hardware(args) -> Hardware:
         intra_node_step_latency_s=0.0, inter_node_step_latency_s=50e-6, arrival_skew_s=0.0,
         host_receive_intra_node_bytes_per_s=0.0, host_receive_inter_node_bytes_per_s=0.0, kernel_bytes_per_s=math.inf,
         optimizer_bytes_per_parameter=0, sources={"all": "command-line flags"})
+
+
+def plan_config(args, config: ZeroConfig) -> ZeroConfig:
+    """A standard variant's config with the plan's engine flags applied."""
+    return replace(config, activation_checkpointing=args.activation_checkpointing,
+                   keep_weights_between_micro_steps=args.keep_weights_between_micro_steps)
 
 
 def plan_gpt(args) -> GPTConfig:
@@ -80,8 +86,7 @@ def variant_schedules(args, precision: str = "bf16") -> dict[str, Schedule]:
                  activation_checkpointing=args.activation_checkpointing)
     schedules = {}
     for name, config in standard_variants(args.ranks_per_node).items():
-        config = replace(config, compute_dtype=precision, reduce_dtype=precision,
-                         activation_checkpointing=args.activation_checkpointing)
+        config = replace(plan_config(args, config), compute_dtype=precision, reduce_dtype=precision)
         join_fake_world(run)
         try:
             schedules[name] = dry_run_schedule(run, config, micro_steps=args.accumulation)
