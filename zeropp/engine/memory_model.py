@@ -9,8 +9,8 @@ the strategies in force (docs/design.md section 2, "Bounded backward"). Phases:
   keeps (hpZ parts, qwZ caches, the delta gather's copies).
 - ``forward``: the gradient shards released; the root gathered, the computing unit and
   ``prefetch_units`` more gathered, with a quantized gather's receive buffers; activations.
-- ``backward``: as forward, plus the gradient shards (all of them by the end, while the
-  activations are freed), the computing unit's full-size gradient twice (its pieces and
+- ``backward``: as forward, plus the gradient shards (all but the computing unit's own at
+  the last unit, while the activations are freed), its full-size gradient twice (its pieces and
   their concatenation; its gathered values are freed before) and ``reductions_in_flight``
   reductions with their buffers.
 - ``optimizer_step``: resting plus the optimizer's temporaries (torch's single-tensor
@@ -83,11 +83,13 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
     # The peak: while a unit's parameter gradients are concatenated (pieces and the whole,
     # its gathered values freed just before), the next units prefetched and the earlier
     # reductions in flight. Activations are freed as backward goes while gradient shards
-    # arrive: the larger of the two counts.
-    backward = {**resting, "root_gathered": full(root), "units_gathered": sum(in_flight[1:]) + receive,
+    # arrive: the larger of the two counts; the computing unit's own shard is not made yet.
+    own_shard = max((flat.shard_numel * FP32 for flat in trainable), default=0)
+    backward = {**resting, "gradient_shards": resting["gradient_shards"] - own_shard,
+                "root_gathered": full(root), "units_gathered": sum(in_flight[1:]) + receive,
                 "gradient_being_built": 2 * largest_gradient,
                 "reductions_in_flight": sum(reductions[: config.reductions_in_flight]),
-                "activations": max(0, activation_bytes - resting["gradient_shards"])}
+                "activations": max(0, activation_bytes - resting["gradient_shards"] + own_shard)}
     generation = {**resting, "gradient_shards": 0, "units_gathered": sum(full(unit) for unit in model.units)
                   + max(receiving(unit) for unit in model.units), "activations": activation_bytes}
     largest_piece = max((piece.parameter.numel() for flat in trainable for piece in flat.local_pieces), default=0)

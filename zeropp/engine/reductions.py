@@ -28,9 +28,9 @@ class ReductionQueue:
 
     def make_room(self) -> None:
         """Finish the oldest reductions until one more may start. One whose last hop can run
-        on its own (``release``: the node sums' crossing) leaves the queue with that hop in
-        flight instead, at most ``limit`` of them: it holds only its small rows, and the link
-        works under the next units' backward."""
+        on its own (``release``: qgZ's inter-node hop, node accumulation's crossing of the
+        node sums) leaves the queue with that hop in flight instead, at most ``limit`` of
+        them: it holds only its small rows, and the link works under the next units' backward."""
         while len(self._pending) >= self.limit:
             flat, pending = self._pending[0]
             if not pending.release():

@@ -162,6 +162,7 @@ class QgzBucket:
 
     def _start_inter(self, index: int) -> None:
         work, received = self._intra[index]
+        self._intra[index] = (None, None)  # its rows are summed below: the buffer can go
         if work is not None:
             work.wait()
         if self.per_node > 1:
@@ -190,9 +191,14 @@ class QgzBucket:
         return True
 
     def release(self) -> bool:
-        """Not offered: the inter-node hops could run on their own, as node accumulation's
-        do (they read only the node's partial sums, [N, s] per chunk), but that is untried."""
-        return False
+        """Wait for the intra-node hops and launch every inter-node hop: what stays in flight
+        holds only the node's quantized partial sums, [N, packed s] per chunk, and the link
+        carries them under the next units' backward (else, with one reduction in flight,
+        each inter-node hop would start and be waited for at the next unit's gradient)."""
+        for index in range(len(self._intra)):
+            if self._inter[index] is None:
+                self._start_inter(index)
+        return True
 
     def wait(self) -> torch.Tensor:
         pieces = []
