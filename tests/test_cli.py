@@ -111,6 +111,8 @@ def test_no_prefetch_without_paper_names_the_flag(capsys):
 def test_kept_weights_without_accumulation_names_the_flag(capsys):
     assert main(["plan", "--keep-weights-between-micro-steps"]) == 2
     assert "give --accumulation 2 or more" in capsys.readouterr().err
+    assert main(["plan", "--paper", "--accumulation", "2", "--keep-weights-between-micro-steps"]) == 2
+    assert "leave it out with --paper" in capsys.readouterr().err
 
 
 def test_malformed_deepspeed_config_names_the_path(tmp_path, capsys):

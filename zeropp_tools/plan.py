@@ -161,6 +161,9 @@ def _peak_memory(args, variant: str) -> int:
 def main(args) -> int:
     if args.no_prefetch and not args.paper:
         raise ValueError("--no-prefetch applies to --paper only: add --paper, or leave --no-prefetch out")
+    if args.keep_weights_between_micro_steps and (args.paper or args.compare or args.schedule):
+        raise ValueError("--keep-weights-between-micro-steps applies to the variants' own schedules only: leave "
+                         "it out with --paper, --compare and --schedule (a recorded schedule replays as it ran)")
     if args.keep_weights_between_micro_steps and args.accumulation == 1:
         raise ValueError("--keep-weights-between-micro-steps keeps weights between the micro-steps of an "
                          "accumulation: give --accumulation 2 or more, or leave it out")

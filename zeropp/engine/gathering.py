@@ -2,7 +2,7 @@
 
 A flat rests SHARDED (or SECONDARY, when the weight gather keeps a node-local copy: hpZ),
 becomes GATHERING when its gather is launched and GATHERED once it has arrived; freeing
-returns it to its resting state (docs/design.md section 2). The weight gather in force is
+returns it to its resting state (docs/design.md sections 2 and 3). The weight gather in force is
 looked up at each call: auto mode and the schedule may switch it between steps.
 """
 
@@ -16,6 +16,8 @@ from .unit import Unit
 
 
 class UnitGathering:
+    """Gathers, prefetches and frees the units of one model (its hooks call these)."""
+
     def __init__(self, units: list[Unit], strategies: Strategies, config: ZeroConfig) -> None:
         self._units = units
         self._strategies = strategies

@@ -83,7 +83,12 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
     # The peak: while a unit's parameter gradients are concatenated (pieces and the whole,
     # its gathered values freed just before), the next units prefetched and the earlier
     # reductions in flight. Activations are freed as backward goes while gradient shards
-    # arrive: the larger of the two counts; the computing unit's own shard is not made yet.
+    # arrive: the larger of the two counts. The computing unit (the largest, as in
+    # gradient_being_built) has no shard yet: ``zero_grad`` cleared the last step's, as a
+    # step that reduces once does (accumulating with sync in every micro-step, or
+    # ``zero_grad(set_to_none=False)``, keeps it: one shard more). A qgZ reduction released
+    # from the queue holds only its inter-node codes, not counted (the measured peak fell
+    # when release came).
     own_shard = max((flat.shard_numel * FP32 for flat in trainable), default=0)
     backward = {**resting, "gradient_shards": resting["gradient_shards"] - own_shard,
                 "root_gathered": full(root), "units_gathered": sum(in_flight[1:]) + receive,
@@ -105,6 +110,7 @@ def predicted_memory(model, optimizer_state_bytes_per_value: int = 8, activation
             # gradient shards; the one with sync frees each unit before its shard arrives.
             forward["units_gathered"] = sum(full(unit) for unit in others) + receive
             backward["units_gathered"], backward["gradient_shards"] = sum(full(unit) for unit in others), 0
+            backward["activations"] = activation_bytes
     phases = {"resting": resting, "forward": forward, "backward": backward, "optimizer_step": step,
               "generation": generation}
     for components in phases.values():

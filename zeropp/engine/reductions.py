@@ -3,9 +3,10 @@
 Each reduction holds its unit's full-size gradient (and, on gloo, a full-size receive
 buffer) until its collective completes, so keeping every unit's reduction until the end of
 backward made the backward peak grow with the whole model. The queue bounds them: before a
-new reduction starts, the oldest ones are waited for until fewer than ``limit`` remain, and
+new reduction starts, the oldest ones are finished until fewer than ``limit`` remain, and
 each finished reduction is added into its master shard's gradient at once, which frees its
-buffers. With ``limit=1`` (as FSDP2) one reduction overlaps the backward of the next unit.
+buffers; one whose last hop can run on its own is released instead (:meth:`make_room`).
+With ``limit=1`` (as FSDP2) one reduction overlaps the backward of the next unit.
 """
 
 from __future__ import annotations

@@ -162,9 +162,9 @@ class QgzBucket:
 
     def _start_inter(self, index: int) -> None:
         work, received = self._intra[index]
-        self._intra[index] = (None, None)  # its rows are summed below: the buffer can go
         if work is not None:
             work.wait()
+        self._intra[index] = (None, None)  # its rows are summed below: the buffer can go
         if self.per_node > 1:
             received = self.strategy.dequantize(received, self.strategy.intra_format, self.nodes * self.chunk)
         partial = received.sum(dim=0).view(self.nodes, self.chunk)  # [N, s] fp32
@@ -194,7 +194,10 @@ class QgzBucket:
         """Wait for the intra-node hops and launch every inter-node hop: what stays in flight
         holds only the node's quantized partial sums, [N, packed s] per chunk, and the link
         carries them under the next units' backward (else, with one reduction in flight,
-        each inter-node hop would start and be waited for at the next unit's gradient)."""
+        each inter-node hop would start and be waited for at the next unit's gradient).
+        False on one node: there is no inter-node hop to leave in flight."""
+        if self.nodes == 1:
+            return False
         for index in range(len(self._intra)):
             if self._inter[index] is None:
                 self._start_inter(index)

@@ -3,7 +3,9 @@
 A section reads the files it cites through :class:`~zeropp_tools.results.render.StoredResults`
 (one clean commit per block) and returns markdown. The quick tier (``quick/``) holds the
 README's figures; the full tier (``full/``) the longer studies, and a section whose study has
-not run at a clean commit says so instead of quoting older figures.
+not run at a clean commit says so instead of quoting older figures. One block computes from
+published constants alone (``simulator-paper-implied``: what the ZeRO++ blog's figures imply),
+so it cites no run.
 """
 
 from __future__ import annotations

@@ -79,8 +79,8 @@ def implied_by_published(rows: tuple[Row, ...] = (*PUBLISHED, *OTHER_PUBLISHED))
             continue
         layers, hidden = MODELS[model]
         flops_per_token = 8 * (12 * layers * hidden * hidden + VOCABULARY * hidden)
+        small, large = (flops_per_token * tokens for tokens in (1024, 2048))
         for index, scheme in enumerate(("zero3", "zero++")):
-            small, large = (flops_per_token * tokens for tokens in (1024, 2048))
             step_small = small / (published[1024][index] * 1e12)
             step_large = large / (published[2048][index] * 1e12)
             marginal = (large - small) / (step_large - step_small)
