@@ -20,6 +20,7 @@ import torch
 
 from deepspeed_quantizer import install as install_quantizer
 from peer_training import Batch, parse_arguments, train_and_report
+from zeropp.memory import resident_bytes
 from zeropp.models import GPT, GPTConfig
 
 VARIANTS = ("zero3", "zero++", "zero3-small-buckets", "zero++-small-buckets")
@@ -47,6 +48,7 @@ def ds_config(variant: str, batch_per_rank: int, accumulation: int, precision: s
 
 
 def main() -> None:
+    baseline_bytes = resident_bytes()
     args = parse_arguments(VARIANTS)
     torch.set_num_threads(1)
     deepspeed.utils.logger.setLevel(logging.WARNING)
@@ -71,7 +73,7 @@ def main() -> None:
             total += loss.detach().float() / len(micro_batches)
         return total
 
-    train_and_report(args, train_step, lambda: {"stand_in_quantizer_calls": quantizer.calls})
+    train_and_report(args, train_step, baseline_bytes, lambda: {"stand_in_quantizer_calls": quantizer.calls})
 
 
 if __name__ == "__main__":

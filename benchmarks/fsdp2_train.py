@@ -24,6 +24,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from peer_training import Batch, parse_arguments, train_and_report
 from zeropp.config import parse_dtype
+from zeropp.memory import resident_bytes
 from zeropp.models import GPT, GPTConfig
 
 VARIANTS = ("plain", "reshard-node", "hsdp", "plain-prefetch", "hsdp-prefetch", "hsdp-kept")
@@ -49,6 +50,7 @@ def shard(model: GPT, variant: str, world_size: int, per_node: int, dtype: torch
 
 
 def main() -> None:
+    baseline_bytes = resident_bytes()
     args = parse_arguments(VARIANTS)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -77,7 +79,7 @@ def main() -> None:
         optimizer.zero_grad()
         return total
 
-    train_and_report(args, train_step)
+    train_and_report(args, train_step, baseline_bytes)
 
 
 if __name__ == "__main__":

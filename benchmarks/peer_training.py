@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from zeropp.data import ByteCorpus, load_stdlib_corpus
+from zeropp.memory import peak_resident_bytes
 
 
 def parse_arguments(variants: tuple[str, ...]) -> argparse.Namespace:
@@ -35,12 +36,13 @@ Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), each [batch_per_
 
 
 def train_and_report(args: argparse.Namespace, train_step: Callable[[list[Batch]], torch.Tensor],
-                     extra: Callable[[], dict] = dict) -> None:
+                     baseline_bytes: int, extra: Callable[[], dict] = dict) -> None:
     """Run ``train_step(micro_batches) -> mean loss`` (one optimizer step over
     ``args.accumulation`` micro-batches) for ``args.steps`` steps on this rank's batches, the
     micro-batches ``zeropp train`` reads; rank 0 writes ``summary.json`` (median step time
-    after the untimed steps, losses, and whatever ``extra()`` returns), then the world is
-    torn down."""
+    after the untimed steps, losses, each rank's peak resident set above ``baseline_bytes``
+    (what it held before building the model, as ``zeropp train`` counts it) and whatever
+    ``extra()`` returns), then the world is torn down."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     corpus = ByteCorpus(load_stdlib_corpus())
     step_times, losses = [], []
@@ -53,12 +55,15 @@ def train_and_report(args: argparse.Namespace, train_step: Callable[[list[Batch]
         step_times.append(time.perf_counter() - started)
         losses.append(total.item() / world_size)
     median = statistics.median(step_times[min(args.untimed_steps, len(step_times) - 1):])
+    peaks = [None] * world_size
+    dist.all_gather_object(peaks, peak_resident_bytes() - baseline_bytes)
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "summary.json").write_text(json.dumps({
             "variant": args.variant, "median_step_s": median,
             "accumulation": args.accumulation,
-            "tokens_per_s": world_size * args.batch_per_rank * args.seq_len * args.accumulation / median, "losses": losses, **extra(),
+            "tokens_per_s": world_size * args.batch_per_rank * args.seq_len * args.accumulation / median, "losses": losses,
+            "peak_rss_increase_bytes_by_rank": peaks, **extra(),
         }, indent=2))
     dist.barrier()
     dist.destroy_process_group()

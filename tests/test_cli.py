@@ -357,6 +357,22 @@ def test_accumulation_bench_measures_each_cell_once_per_repetition_and_states_th
     assert accumulation.ratios(report)["200/1"]["vs_every_micro_step"] == pytest.approx(1.0)
 
 
+def test_accumulation_table_shows_peak_memory_beside_speed_where_runs_recorded_it():
+    from zeropp_tools.bench import accumulation
+    from zeropp_tools.bench.cells import _peak_memory
+
+    assert _peak_memory({"peak_rss_increase_bytes_by_rank": [5e6, 9e6, 7e6, 6e6]}) == {"peak_rss_increase_bytes": 9e6}
+    assert _peak_memory({}) == {}  # a summary from before the field
+    runs = {"200/8/zero++": [{"tokens_per_s": 900.0, "node0_link_rx_payload_bytes": 1, "peak_rss_increase_bytes": m}
+                             for m in (80e6, 90e6, 70e6)],
+            "none/8/zero3": [{"tokens_per_s": 1000.0, "node0_link_rx_payload_bytes": 1}]}
+    report = {"variants": ["zero++"], "bandwidths": ["200"], "accumulations": [8], "results": accumulation.summarize(runs)}
+    assert report["results"]["200/8/zero++"]["peak_rss_increase_bytes"] == 80e6  # the median run
+    assert "peak_rss_increase_bytes" not in report["results"]["none/8/zero3"]
+    table = accumulation.markdown(report)
+    assert "900 [900-900] · 80 MB" in table and "| 1,000 [1,000-1,000] |" in table and "peak resident-set growth" in table
+
+
 def test_accumulation_bound_hides_one_micro_steps_compute_and_adds_the_rest_of_the_link():
     from zeropp_tools.bench import accumulation
     from zeropp_tools.cluster import payload_bytes_per_s

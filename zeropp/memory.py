@@ -55,6 +55,16 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} is not in /proc/self/status")
 
 
+def resident_bytes() -> int:
+    """This process's resident set now (Linux VmRSS)."""
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_resident_bytes() -> int:
+    """The most this process has held resident (Linux VmHWM, since start or the last reset)."""
+    return _status_kib("VmHWM") * 1024
+
+
 def peak_rss_increase(fn):
     """Run ``fn()``; return its result and the peak resident-set growth in bytes while it ran
     (Linux: VmHWM is reset through /proc/self/clear_refs before the call)."""

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..config import ZeroConfig
 from ..engine import ShardedModel
-from ..memory import process_resources, resting_bytes_sharded
+from ..memory import peak_resident_bytes, process_resources, resident_bytes, resting_bytes_sharded
 from ..models import GPTConfig
 from ..optim import ShardedOptimizer
 from ..topology import Topology
@@ -90,6 +90,7 @@ def learning_rate_at(config: TrainConfig, step: int) -> float:
 
 def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     """Train the GPT on this rank; returns a summary (identical on every rank)."""
+    baseline_bytes = resident_bytes()  # before the model exists: its growth is the training's
     torch.manual_seed(config.seed)
     topology = Topology.from_environment(config.ranks_per_node, timeout_s=config.collective_timeout_s)
     job = build_job(config, topology)
@@ -147,6 +148,8 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     dist.all_gather_object(lifetime, dict(model.comm_log.lifetime))
     resting = torch.tensor(resting_bytes_sharded(model, optimizer), dtype=torch.float64, device=topology.device)
     dist.all_reduce(resting, op=dist.ReduceOp.MAX)
+    peaks = [None] * world_size
+    dist.all_gather_object(peaks, peak_resident_bytes() - baseline_bytes)
     return {
         "config": _describe(config, topology, model),
         "final_train_loss": losses[-1] if losses else None,
@@ -160,6 +163,9 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
         # Most bytes any rank holds between steps: shards, gradients, optimizer state and
         # what the weight gather keeps (hpZ parts, quantized caches, delta copies).
         "resting_bytes_per_rank": int(resting.item()),
+        # Each rank's peak resident set over the run above what it held before building the
+        # model: everything training allocated, allocator slack included.
+        "peak_rss_increase_bytes_by_rank": peaks,
         "first_step": first_step,
         "skipped_steps": optimizer.skipped_steps,
         "auto_decisions": [asdict(decision) for decision in model.auto_tuner.decisions] if model.auto_tuner else None,

@@ -88,6 +88,8 @@ def summarize(runs: dict) -> dict:
         rates = sorted(run["tokens_per_s"] for run in good)
         results[key] = {"tokens_per_s": statistics.median(rates), "tokens_per_s_runs": rates,
                         "node0_link_rx_payload_bytes": statistics.median(run["node0_link_rx_payload_bytes"] for run in good)}
+        if all("peak_rss_increase_bytes" in run for run in good):
+            results[key]["peak_rss_increase_bytes"] = statistics.median(run["peak_rss_increase_bytes"] for run in good)
     return results
 
 
@@ -202,9 +204,13 @@ def markdown(report: dict) -> str:
                     cells.append("failed")
                     continue
                 runs = cell["tokens_per_s_runs"]
-                cells.append(f"{cell['tokens_per_s']:,.0f} [{runs[0]:,.0f}-{runs[-1]:,.0f}]")
+                memory = f" · {cell['peak_rss_increase_bytes'] / 1e6:,.0f} MB" if "peak_rss_increase_bytes" in cell else ""
+                cells.append(f"{cell['tokens_per_s']:,.0f} [{runs[0]:,.0f}-{runs[-1]:,.0f}]{memory}")
             lines.append(f"| {k} | " + " | ".join(cells) + " |")
         lines.append("")
+    if any("peak_rss_increase_bytes" in cell for cell in report["results"].values()):
+        lines += ["MB: peak resident-set growth per rank over the run, above what the rank held before "
+                  "building the model (the largest rank; median over the runs).", ""]
     lines.append("Node accumulation (zero++) against each, per bandwidth/k:")
     for cell, entry in report.get("ratios", {}).items():
         lines.append(f"- {cell}: " + ", ".join(f"{name} {value:.2f}x" for name, value in entry.items()))

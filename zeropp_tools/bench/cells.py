@@ -89,10 +89,17 @@ def measure(spec: ClusterSpec, variant: str, train_arguments: list[str], during=
         **_link_figures(result),
         "node0_accounted_rx_bytes": node0_accounted,
         "final_train_loss": summary["final_train_loss"],
+        **_peak_memory(summary),
         "step_s": [row["step_s"] for row in steps],
         "schedule_path": str(schedule),  # rank 0's last step, for the simulator
         **_auto_figures(summary, steps),
     }
+
+
+def _peak_memory(summary: dict) -> dict:
+    """The largest rank's peak resident growth over the run (summaries before it had none)."""
+    by_rank = summary.get("peak_rss_increase_bytes_by_rank")
+    return {"peak_rss_increase_bytes": max(by_rank)} if by_rank else {}
 
 
 def _auto_figures(summary: dict, steps: list[dict]) -> dict:
@@ -150,6 +157,7 @@ def measure_peer(spec: ClusterSpec, variant: str, train_arguments: list[str]) ->
         "median_step_s": summary["median_step_s"],
         **_link_figures(result),
         "final_train_loss": summary["losses"][-1],
+        **_peak_memory(summary),
     }
     if "stand_in_quantizer_calls" in summary:
         measured["stand_in_quantizer_calls"] = summary["stand_in_quantizer_calls"]
