@@ -243,6 +243,23 @@ def accumulation_kept(results) -> str:
             + accumulation.link_only_markdown(report, "50", 8, accumulation.EVERY_MICRO_STEP, "deltas"))
 
 
+def accumulation_memory(results) -> str:
+    """Peak memory per rank beside tokens/s, with and without the weights kept: two runs."""
+    lines = ["| run | cell (k = 8) | tokens/s, median [min-max] | peak resident growth per rank (MB) |",
+             "|---|---|---|---|"]
+    sources = []
+    for label in ("default", "kept"):
+        report = results.load(f"accumulation_memory/{label}/accumulation.json")
+        sources.append(f"`{_command(report)}` ({_source(report)})")
+        for key, cell in report["results"].items():
+            bandwidth, _, variant = key.split("/")
+            runs = cell["tokens_per_s_runs"]
+            where = "unshaped (limit)" if bandwidth == "none" else f"{bandwidth} Mbit/s"
+            lines.append(f"| {label} | {variant}, {where} | {cell['tokens_per_s']:,.0f} [{runs[0]:,.0f}-{runs[-1]:,.0f}] "
+                         f"| {cell['peak_rss_increase_bytes'] / 1e6:,.0f} |")
+    return "; then ".join(sources) + ":\n\n" + "\n".join(lines)
+
+
 def accumulation_bound(results) -> str:
     """How close the delta run at 50 Mbit/s comes to the fastest any exact schedule could be."""
     report = results.load("accumulation_deltas/accumulation.json")
@@ -336,6 +353,7 @@ SECTIONS: dict[str, Callable] = {
     "accumulation-study": accumulation_study,
     "accumulation-bound": accumulation_bound,
     "accumulation-kept": accumulation_kept,
+    "accumulation-memory": accumulation_memory,
     "memory-table": memory_table,
     "memory-study": memory_study,
     "dryrun-table": dryrun_table,
