@@ -327,6 +327,18 @@ def test_throughput_summary_of_auto_runs_still_trying_at_their_last_step():
     assert cell["steady_tokens_per_s"] == 110.0  # from the one run that decided
 
 
+def test_throughput_table_shows_the_median_runs_peak_memory_where_recorded():
+    from zeropp_tools.bench.throughput import markdown, summarize
+
+    runs = {"none": {"zero3": [{"tokens_per_s": rate, "median_step_s": 1.0, "peak_rss_increase_bytes": memory}
+                               for rate, memory in ((90.0, 70e6), (100.0, 80e6), (110.0, 95e6))],
+                     "zero++": [{"tokens_per_s": 120.0, "median_step_s": 1.0}]}}
+    table = markdown({"results": summarize(runs)})
+    assert "100 [90-110] (1.00x), 80 MB |" in table and "| 120 (1.20x) |" in table
+    assert "peak resident-set growth" in table
+    assert "MB" not in markdown({"results": summarize({"none": {"zero3": [{"tokens_per_s": 1.0, "median_step_s": 1.0}]}})})
+
+
 def test_accumulation_bench_measures_each_cell_once_per_repetition_and_states_the_target_ratios(tmp_path, monkeypatch):
     from zeropp_tools.bench import accumulation
 

@@ -128,9 +128,13 @@ def markdown(report: dict) -> str:
             runs = r["tokens_per_s_runs"]
             spread = f" [{runs[0]:,.0f}-{runs[-1]:,.0f}]" if len(runs) > 1 else ""
             chosen = f", ran {r['auto_decisions'][-1]['choice']}" if r.get("auto_decisions") else ""
-            cells.append(f"{r['tokens_per_s']:,.0f}{spread}{speedup}{exposed}{chosen}")
+            memory = f", {r['peak_rss_increase_bytes'] / 1e6:,.0f} MB" if "peak_rss_increase_bytes" in r else ""
+            cells.append(f"{r['tokens_per_s']:,.0f}{spread}{speedup}{exposed}{memory}{chosen}")
         label = "unshaped" if shaped_mbit(bandwidth) is None else bandwidth
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any("peak_rss_increase_bytes" in cell for row in report["results"].values() for cell in row.values()):
+        lines += ["", "MB: the median run's peak resident-set growth per rank (the largest rank), above what the "
+                      "rank held before building the model."]
     return "\n".join(lines)
 
 
