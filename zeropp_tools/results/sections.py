@@ -245,17 +245,17 @@ def accumulation_kept(results) -> str:
 
 def accumulation_memory(results) -> str:
     """Peak memory per rank beside tokens/s, with and without the weights kept: two runs."""
-    lines = ["| run | cell (k = 8) | tokens/s, median [min-max] | peak resident growth per rank (MB) |",
+    lines = ["| run | cell | tokens/s, median [min-max] | peak resident growth per rank (MB) |",
              "|---|---|---|---|"]
     sources = []
     for label in ("default", "kept"):
         report = results.load(f"accumulation_memory/{label}/accumulation.json")
         sources.append(f"`{_command(report)}` ({_source(report)})")
         for key, cell in report["results"].items():
-            bandwidth, _, variant = key.split("/")
+            bandwidth, k, variant = key.split("/")
             runs = cell["tokens_per_s_runs"]
             where = "unshaped (limit)" if bandwidth == "none" else f"{bandwidth} Mbit/s"
-            lines.append(f"| {label} | {variant}, {where} | {cell['tokens_per_s']:,.0f} [{runs[0]:,.0f}-{runs[-1]:,.0f}] "
+            lines.append(f"| {label} | {variant}, k = {k}, {where} | {cell['tokens_per_s']:,.0f} [{runs[0]:,.0f}-{runs[-1]:,.0f}] "
                          f"| {cell['peak_rss_increase_bytes'] / 1e6:,.0f} |")
     return "; then ".join(sources) + ":\n\n" + "\n".join(lines)
 
